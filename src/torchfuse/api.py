@@ -1,0 +1,49 @@
+"""The public API: ``compile``, ``backend``, ``report`` and ``reset``."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from torchfuse.diagnostics import report as reports
+from torchfuse.options import Options
+
+
+def compile(model_or_fn: Callable, *, fullgraph: bool = False, dynamic: bool | None = None,
+            mode: str = "default", options: dict[str, Any] | None = None) -> Callable:
+    """Compile a model or function with torchfuse as torch.compile's backend.
+
+    Args:
+        model_or_fn: an ``nn.Module`` or a function of tensors.
+        fullgraph: raise on graph breaks instead of running the breaking code eagerly.
+        dynamic: None (recompile shape-generic after a shape changes), True or False.
+        mode: one of ``torchfuse.options.MODES``.
+        options: torchfuse options (see ``torchfuse.options.Options``), e.g.
+            ``{"target": "triton", "strict": True, "dump": ["ir"]}``.
+    Returns:
+        What ``torch.compile`` returns.
+    """
+    from torchfuse.frontend.aot import make_backend
+
+    validated = Options.from_user(options, mode)
+    return torch.compile(model_or_fn, backend=make_backend(validated), fullgraph=fullgraph, dynamic=dynamic)
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
+    """The Dynamo backend with default options: ``torch.compile(m, backend="torchfuse")``."""
+    from torchfuse.frontend.aot import make_backend
+
+    return make_backend(Options.from_user(kwargs.get("options")))(gm, example_inputs)
+
+
+def report() -> reports.Report:
+    """What torchfuse compiled in this process: graphs, kernels, refused fusions, fallbacks."""
+    return reports.report()
+
+
+def reset() -> None:
+    """Forget compiled graphs (Dynamo's caches too) and reports."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    reports.clear()

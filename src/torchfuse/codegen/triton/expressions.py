@@ -1,0 +1,210 @@
+"""Emit body expressions as Triton statements, with common-subexpression elimination."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import sympy
+import torch
+
+from torchfuse.codegen.triton.ops import TRITON_OPS
+from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
+from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where
+from torchfuse.ir.graph import Buffer
+from torchfuse.ir.symbols import simplify_index, size_symbols
+
+
+@dataclass
+class Value:
+    """A name (or literal) in the generated code; ``is_tensor`` is False for scalars."""
+
+    text: str
+    is_tensor: bool
+
+
+@dataclass
+class Scope:
+    """Generated lines plus the CSE cache; a loop body is a child scope of the row scope."""
+
+    lines: list[str]
+    indent: str
+    parent: "Scope | None" = None
+    cache: dict = field(default_factory=dict)
+
+    def lookup(self, key) -> Value | None:
+        scope: Scope | None = self
+        while scope is not None:
+            if key in scope.cache:
+                return scope.cache[key]
+            scope = scope.parent
+        return None
+
+    def emit(self, line: str) -> None:
+        self.lines.append(self.indent + line)
+
+
+class ExpressionWriter:
+    """Turns ``Expr`` trees into Triton statements inside a ``Scope``.
+
+    Args:
+        buffers: the graph's buffers (for strides, dtypes).
+        pointer_of: name of the kernel argument pointing at a buffer.
+        mask_for: the mask text for a load whose index uses the given loop variables.
+        resolve_load: hook for loads of buffers computed in this kernel: returns a Value
+            (a register) or an Expr to emit instead, or None for a real memory load.
+        unit_shape: "[1]" or "[1, 1]": the shape used to make a scalar into a tensor.
+    """
+
+    def __init__(self, buffers: dict[str, Buffer], pointer_of: Callable[[str], str],
+                 mask_for: Callable[[set[str]], str], resolve_load: Callable[[Load, "Scope"], object],
+                 unit_shape: str) -> None:
+        self.buffers = buffers
+        self.pointer_of = pointer_of
+        self.mask_for = mask_for
+        self.resolve_load = resolve_load
+        self.unit_shape = unit_shape
+        self.counter = 0
+        self.sizes_used: set[sympy.Symbol] = set()
+
+    def new_var(self, prefix: str = "tmp") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def value(self, expr: Expr, scope: Scope) -> Value:
+        cached = scope.lookup(expr)
+        if cached is not None:
+            return cached
+        result = self._emit(expr, scope)
+        scope.cache[expr] = result
+        return result
+
+    def tensor(self, expr: Expr, scope: Scope) -> str:
+        """``expr`` as a tensor (scalars are widened with tl.full)."""
+        value = self.value(expr, scope)
+        if value.is_tensor:
+            return value.text
+        dtype = tl_dtype(compute_dtype(expr.dtype))
+        return f"tl.full({self.unit_shape}, {value.text}, {dtype})"
+
+    def _emit(self, expr: Expr, scope: Scope) -> Value:
+        if isinstance(expr, Const):
+            return Value(_literal(expr.value, expr.dtype), False)
+        if isinstance(expr, IndexValue):
+            text = self.index_text(expr.index)
+            is_tensor = any(s.name[:1] in "xr" for s in expr.index.free_symbols)
+            return self._assign(f"{text}" if is_tensor else text, is_tensor, scope, cast=expr.dtype)
+        if isinstance(expr, Load):
+            return self._emit_load(expr, scope)
+        if isinstance(expr, Cast):
+            return self._emit_cast(expr, scope)
+        if isinstance(expr, Where):
+            cond = self.tensor(expr.cond, scope)
+            a, b = self.value(expr.if_true, scope).text, self.value(expr.if_false, scope).text
+            return self._assign(f"tl.where({cond}, {a}, {b})", True, scope)
+        if isinstance(expr, Op):
+            return self._emit_op(expr, scope)
+        raise NotImplementedError(f"expression {type(expr).__name__}")
+
+    def _assign(self, text: str, is_tensor: bool, scope: Scope, cast: torch.dtype | None = None) -> Value:
+        if cast is not None and is_tensor:
+            text = f"({text}).to({tl_dtype(compute_dtype(cast))})"
+        if not is_tensor:
+            return Value(text, False)
+        name = self.new_var()
+        scope.emit(f"{name} = {text}")
+        return Value(name, True)
+
+    def _emit_op(self, expr: Op, scope: Scope) -> Value:
+        special = _special_pow(expr, self, scope)
+        if special is not None:
+            return special
+        args = [self.value(a, scope) for a in expr.args]
+        if not any(a.is_tensor for a in args):
+            args[0] = Value(self.tensor(expr.args[0], scope), True)
+        operand_dtype = compute_dtype(expr.args[0].dtype)
+        text = TRITON_OPS[expr.name](*[a.text for a in args], operand_dtype)
+        return self._assign(text, True, scope)
+
+    def _emit_cast(self, expr: Cast, scope: Scope) -> Value:
+        inner = self.value(expr.value, scope)
+        if not inner.is_tensor:
+            return Value(_literal(_python_value(inner.text), expr.dtype), False)
+        if expr.dtype == torch.bool:
+            return self._assign(f"({inner.text} != 0)", True, scope)
+        target = compute_dtype(expr.dtype)
+        text = f"{inner.text}.to({tl_dtype(target)})"
+        if expr.dtype in (torch.float16, torch.bfloat16):  # round to the narrow type, keep f32
+            text = f"{inner.text}.to({tl_dtype(expr.dtype)}).to(tl.float32)"
+        return self._assign(text, True, scope)
+
+    def _emit_load(self, expr: Load, scope: Scope) -> Value:
+        resolved = self.resolve_load(expr, scope)
+        if isinstance(resolved, Value):
+            return resolved
+        if isinstance(resolved, Expr):
+            return self.value(resolved, scope)
+        buffer = self.buffers[expr.buffer]
+        offset_terms, loop_vars = [], set()
+        direct = sympy.Integer(0) + buffer.offset
+        for entry, stride in zip(expr.index, buffer.strides):
+            if isinstance(entry, Expr):
+                gathered = self.tensor(entry, scope)
+                offset_terms.append(f"({gathered}) * {print_index(stride)}")
+                loop_vars |= {"x", "r"}  # be conservative: gathered indices need both masks
+                self._note_sizes(stride)
+            else:
+                direct = direct + entry * stride
+        direct = simplify_index(direct)
+        loop_vars |= {s.name[0] for s in direct.free_symbols if s.name[:1] in "xr"}
+        offset = " + ".join([self.index_text(direct)] + offset_terms)
+        mask = self.mask_for(loop_vars)
+        text = f"tl.load({self.pointer_of(expr.buffer)} + ({offset}){mask}, other=0)"
+        if buffer.dtype == torch.bool:
+            text += ".to(tl.int1)"
+        elif compute_dtype(buffer.dtype) != buffer.dtype:
+            text += ".to(tl.float32)"
+        is_tensor = bool(loop_vars)
+        if not is_tensor:  # a load at a fixed address still gives a (1-element) tensor
+            text = f"tl.broadcast_to({text}, {self.unit_shape})"
+        return self._assign(text, True, scope)
+
+    def index_text(self, expr: sympy.Expr) -> str:
+        self._note_sizes(expr)
+        return print_index(expr)
+
+    def _note_sizes(self, expr: sympy.Expr) -> None:
+        self.sizes_used |= size_symbols(expr)
+
+
+def _special_pow(expr: Op, writer: ExpressionWriter, scope: Scope) -> Value | None:
+    """``x ** c`` for small constant c as multiplications/sqrt (exact and fast)."""
+    if expr.name != "pow" or not isinstance(expr.args[1], Const):
+        return None
+    exponent = expr.args[1].value
+    base = writer.tensor(expr.args[0], scope)
+    if exponent == 0.5:
+        return writer._assign(f"libdevice.sqrt({base})", True, scope)
+    if float(exponent).is_integer() and 0 <= exponent <= 4:
+        if exponent == 0:
+            return writer._assign(f"tl.full({writer.unit_shape}, 1, {tl_dtype(compute_dtype(expr.dtype))}) + 0 * {base}", True, scope)
+        return writer._assign(" * ".join([base] * int(exponent)), True, scope)
+    if exponent == -1:
+        return writer._assign(f"1.0 / {base}", True, scope)
+    return None
+
+
+def _literal(value, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "True" if value else "False"
+    if dtype.is_floating_point:
+        value = float(value)
+        if value != value:
+            return 'float("nan")'
+        if value in (float("inf"), float("-inf")):
+            return f'float("{value}")'
+        return repr(value)
+    return str(int(value))
+
+
+def _python_value(text: str):
+    return eval(text, {"float": float})  # literals we printed ourselves

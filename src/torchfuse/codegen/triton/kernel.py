@@ -1,0 +1,274 @@
+"""Render one ``FusedKernel`` as a Triton kernel.
+
+Pointwise kernels walk a flat ``xindex``; reduction kernels tile ``[XBLOCK, RBLOCK]`` with
+rows on axis 0. A reduction is *persistent* (the whole row in one tile, everything in
+registers) when the row is short, else *looped* over ``RBLOCK`` chunks. Stores of buffers
+only read inside the kernel are dropped; in-kernel reads of pointwise members are
+recomputed and reads of reductions come from registers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from torchfuse.codegen.triton import reductions as red
+from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
+from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
+from torchfuse.ir.expr import Expr, Load, loads, substitute_index
+from torchfuse.ir.graph import Buffer, Reduction
+from torchfuse.ir.symbols import FloorDiv, ModIndex, product, simplify_index, size_symbols
+from torchfuse.scheduler.kernel import FusedKernel, KernelMember
+
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclass
+class TritonKernel:
+    """Source of one kernel and what the wrapper needs to launch it."""
+
+    name: str
+    source: str  # the kernel function (helpers are added by the module writer)
+    pointer_args: list[str]  # buffer names, in argument order
+    size_args: list[sympy.Symbol]
+    xnumel: sympy.Expr
+    rnumel: sympy.Expr
+    kind: str
+    persistent: bool
+    origins: list[str] = field(default_factory=list)
+
+
+def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
+    """Each kernel variable as a function of the flat index over ``ranges`` (row-major)."""
+    mapping = {}
+    for k, var in enumerate(kernel_vars):
+        inner = product(ranges[k + 1:])
+        part = FloorDiv(flat, inner)
+        mapping[var] = part if k == 0 else ModIndex(part, ranges[k])
+    return mapping
+
+
+class KernelRenderer:
+    def __init__(self, kernel: FusedKernel, buffers: dict[str, Buffer], persistent_limit: int = 4096,
+                 size_hint=lambda e: 0) -> None:
+        self.kernel = kernel
+        self.buffers = buffers
+        self.flat = flat_var_map(kernel.x_ranges, kernel.x_vars, XINDEX)
+        self.flat.update(flat_var_map(kernel.r_ranges, kernel.r_vars, RINDEX))
+        self.members = {m.node.name: m for m in kernel.members}
+        self.pointers: dict[str, str] = {}
+        self.registers: dict[str, str] = {}  # reduction buffer -> variable holding its row value
+        self.is_reduction = kernel.kind == "reduction"
+        rnumel_hint = size_hint(product(kernel.r_ranges))
+        self.persistent = self.is_reduction and 0 < rnumel_hint <= persistent_limit
+        self.int64 = _needs_int64(kernel, buffers, size_hint)
+        self.writer = ExpressionWriter(buffers, self._pointer, self._mask, self._resolve_load,
+                                       "[1, 1]" if self.is_reduction else "[1]")
+
+    # -- hooks for the expression writer --------------------------------------------------
+    def _pointer(self, buffer: str) -> str:
+        if buffer not in self.pointers:
+            self.pointers[buffer] = f"ptr{len(self.pointers)}"
+        return self.pointers[buffer]
+
+    def _mask(self, loop_vars: set[str]) -> str:
+        masks = [m for v, m in (("x", "xmask"), ("r", "rmask")) if v in loop_vars]
+        if not self.is_reduction:
+            masks = ["xmask"] if "x" in loop_vars else []
+        return (", " + " & ".join(masks)) if masks else ""
+
+    def _resolve_load(self, load: Load, scope: Scope):
+        if load.buffer in self.registers:
+            return Value(self.registers[load.buffer], True)
+        member = self.members.get(load.buffer)
+        if member is None or isinstance(member.node, Reduction):
+            return None
+        body = member.own_body if member.own_body is not None else member.node.body
+        return substitute_index(body, dict(zip(member.node.vars, load.index)))
+
+    # -- rendering -------------------------------------------------------------------------
+    def flat_body(self, member: KernelMember) -> Expr:
+        return substitute_index(member.body, self.flat)
+
+    def render(self) -> TritonKernel:
+        lines: list[str] = []
+        top = Scope(lines, "    ")
+        self._emit_prologue(top)
+        if self.is_reduction:
+            self._emit_reduction_members(top)
+        else:
+            for member in self.kernel.members:
+                if member.stored:
+                    self._store(member, self.writer.tensor(self.flat_body(member), top), top, "xmask")
+        return self._finish(lines)
+
+    def _emit_prologue(self, scope: Scope) -> None:
+        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        if self.is_reduction:
+            scope.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        else:
+            scope.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+        scope.emit("xmask = xindex < xnumel")
+        if self.persistent:
+            scope.emit("rindex = tl.arange(0, RBLOCK)[None, :]")
+            scope.emit("rmask = rindex < rnumel")
+
+    def _emit_reduction_members(self, top: Scope) -> None:
+        members = self.kernel.members
+        reductions = [m for m in members if m.role == "reduction"]
+        if self.persistent:
+            for member in members:
+                if member.role == "reduction":
+                    self._reduce_persistent(member, top)
+                elif member.stored:
+                    self._store_member(member, top)
+            return
+        for group in self._loop_groups(reductions):
+            self._reduce_looped(group, top)
+        for member in members:
+            if member.role == "row" and member.stored:
+                self._store_member(member, top)
+        full = [m for m in members if m.role == "full" and m.stored]
+        if full:
+            loop = self._open_r_loop(top)
+            for member in full:
+                self._store_member(member, loop)
+
+    def _store_member(self, member: KernelMember, scope: Scope) -> None:
+        mask = "xmask & rmask" if member.role == "full" else "xmask"
+        self._store(member, self.writer.tensor(self.flat_body(member), scope), scope, mask)
+
+    def _loop_groups(self, reductions: list[KernelMember]) -> list[list[KernelMember]]:
+        """Consecutive reductions share one loop unless one reads another's result."""
+        groups: list[list[KernelMember]] = []
+        for member in reductions:
+            reads = self._reads_in_kernel(member)
+            if groups and not any(m.node.name in reads for m in groups[-1]):
+                groups[-1].append(member)
+            else:
+                groups.append([member])
+        return groups
+
+    def _reads_in_kernel(self, member: KernelMember) -> set[str]:
+        found, pending = set(), [member.body]
+        while pending:
+            for load in loads(pending.pop()):
+                if load.buffer in self.members and load.buffer not in found:
+                    found.add(load.buffer)
+                    inner = self.members[load.buffer]
+                    if not isinstance(inner.node, Reduction):
+                        pending.append(inner.body)
+        return found
+
+    def _open_r_loop(self, top: Scope) -> Scope:
+        top.emit("for roffset in range(0, rnumel, RBLOCK):")
+        loop = Scope(top.lines, top.indent + "    ", parent=top)
+        loop.emit("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+        loop.emit("rmask = rindex < rnumel")
+        return loop
+
+    def _reduce_persistent(self, member: KernelMember, scope: Scope) -> None:
+        node: Reduction = member.node
+        value = self.writer.tensor(self.flat_body(member), scope)
+        acc_dtype = red.accumulator_dtype(node.reduce_op, node.dtype, node.body.dtype)
+        tile = self.writer.new_var("tile")
+        scope.emit(f"{tile} = tl.where(xmask & rmask, tl.broadcast_to({value}, [XBLOCK, RBLOCK]).to({tl_dtype(acc_dtype)}), "
+                   f"{red.identity(node.reduce_op, acc_dtype)})")
+        result = self.writer.new_var("red")
+        if node.reduce_op in ("argmax", "argmin"):
+            index = f"tl.broadcast_to(rindex, [XBLOCK, RBLOCK])"
+            scope.emit(f"_, {result} = tl.reduce(({tile}, {index}), 1, _{node.reduce_op}_combine)")
+            scope.emit(f"{result} = {result}[:, None].to(tl.int64)")
+        else:
+            scope.emit(f"{result} = {red.final_reduce(node.reduce_op, tile, acc_dtype)}")
+            self._finish_bool(node, result, scope)
+        self.registers[node.name] = result
+        if member.stored:
+            self._store(member, result, scope, "xmask")
+
+    def _reduce_looped(self, group: list[KernelMember], top: Scope) -> None:
+        accs = []
+        for member in group:
+            node: Reduction = member.node
+            acc_dtype = red.accumulator_dtype(node.reduce_op, node.dtype, node.body.dtype)
+            acc = self.writer.new_var("acc")
+            top.emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {red.identity(node.reduce_op, acc_dtype)}, {tl_dtype(acc_dtype)})")
+            if node.reduce_op in ("argmax", "argmin"):
+                top.emit(f"{acc}_index = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
+            accs.append((member, acc, acc_dtype))
+        loop = self._open_r_loop(top)
+        for member, acc, acc_dtype in accs:
+            node = member.node
+            value = self.writer.tensor(self.flat_body(member), loop)
+            masked = f"tl.where(xmask & rmask, tl.broadcast_to({value}, [XBLOCK, RBLOCK]).to({tl_dtype(acc_dtype)}), {red.identity(node.reduce_op, acc_dtype)})"
+            if node.reduce_op in ("argmax", "argmin"):
+                loop.emit(f"{acc}, {acc}_index = _{node.reduce_op}_combine({acc}, {acc}_index, {masked}, "
+                          f"tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64))")
+            else:
+                loop.emit(f"{acc} = {red.combine(node.reduce_op, acc, masked, acc_dtype)}")
+        for member, acc, acc_dtype in accs:
+            node = member.node
+            result = self.writer.new_var("red")
+            if node.reduce_op in ("argmax", "argmin"):
+                top.emit(f"_, {result} = tl.reduce(({acc}, {acc}_index), 1, _{node.reduce_op}_combine)")
+                top.emit(f"{result} = {result}[:, None]")
+            else:
+                top.emit(f"{result} = {red.final_reduce(node.reduce_op, acc, acc_dtype)}")
+                self._finish_bool(node, result, top)
+            self.registers[node.name] = result
+            if member.stored:
+                self._store(member, result, top, "xmask")
+
+    def _finish_bool(self, node: Reduction, result: str, scope: Scope) -> None:
+        if node.reduce_op in ("any", "all"):
+            scope.emit(f"{result} = {result} != 0")
+        elif compute_dtype(node.dtype) != node.body.dtype and node.dtype != torch.bool:
+            scope.emit(f"{result} = {result}.to({tl_dtype(compute_dtype(node.dtype))})")
+
+    def _store(self, member: KernelMember, value: str, scope: Scope, mask: str) -> None:
+        node = member.node
+        buffer = self.buffers[node.name]
+        index = tuple(member.var_map.get(v, v) for v in node.vars)
+        offset = simplify_index(buffer.flat_offset(index).xreplace(self.flat))
+        target = tl_dtype(node.dtype) if node.dtype != torch.bool else "tl.int1"
+        shape = "[XBLOCK, RBLOCK]" if mask == "xmask & rmask" else ("[XBLOCK, 1]" if self.is_reduction else "[XBLOCK]")
+        text = f"tl.broadcast_to({value}, {shape}).to({target})"
+        scope.emit(f"tl.store({self._pointer(node.name)} + ({self.writer.index_text(offset)}), {text}, {mask})")
+
+    def _finish(self, lines: list[str]) -> TritonKernel:
+        pointer_args = list(self.pointers)
+        sizes = sorted(self.writer.sizes_used, key=lambda s: s.name)
+        params = [self.pointers[b] for b in pointer_args] + [s.name for s in sizes] + ["xnumel"]
+        constexprs = ["XBLOCK: tl.constexpr"]
+        if self.is_reduction:
+            params.append("rnumel")
+            constexprs.append("RBLOCK: tl.constexpr")
+        name = self.kernel.name
+        header = [f"@jit", f"def {name}({', '.join(params + constexprs)}):"]
+        origins = ", ".join(self.kernel.origins)
+        doc = [f'    """{self.kernel.kind} kernel: {origins}"""']
+        source = "\n".join(header + doc + lines) + "\n"
+        return TritonKernel(name, source, pointer_args, sizes, product(self.kernel.x_ranges),
+                            product(self.kernel.r_ranges), self.kernel.kind, self.persistent, self.kernel.origins)
+
+
+def _needs_int64(kernel: FusedKernel, buffers: dict[str, Buffer], size_hint) -> bool:
+    """int32 indexing is faster; use int64 when any buffer touched may exceed 2**31 elements."""
+    exprs = [product(kernel.x_ranges) * product(kernel.r_ranges)]
+    for member in kernel.members:
+        exprs.append(buffers[member.node.name].numel)
+        for load in loads(member.body):
+            exprs.append(buffers[load.buffer].numel if load.buffer in buffers else 0)
+    for expr in exprs:
+        if size_symbols(sympy.sympify(expr)):
+            return True  # dynamic sizes: be safe (see docs/decisions.md)
+        if int(expr) > INT32_LIMIT:
+            return True
+    return False
+
+
+def render_kernel(kernel: FusedKernel, buffers: dict[str, Buffer], size_hint=lambda e: 0) -> TritonKernel:
+    return KernelRenderer(kernel, buffers, size_hint=size_hint).render()

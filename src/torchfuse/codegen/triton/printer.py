@@ -1,0 +1,60 @@
+"""Print sympy index expressions and dtypes as Triton source text."""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from torchfuse.ir.symbols import FloorDiv, ModIndex
+
+TL_DTYPES = {
+    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+    torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
+    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+
+
+def tl_dtype(dtype: torch.dtype) -> str:
+    try:
+        return TL_DTYPES[dtype]
+    except KeyError:
+        raise NotImplementedError(f"dtype {dtype} in a Triton kernel") from None
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision values are computed in float32 inside kernels (rounded only on store)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def print_index(expr: sympy.Expr, max_fn: str = "tl.maximum", min_fn: str = "tl.minimum") -> str:
+    """Triton (or, with ``max_fn="max"``, Python) text for a non-negative integer index."""
+    expr = sympy.sympify(expr)
+    if isinstance(expr, (sympy.Max, sympy.Min)):
+        fn = max_fn if isinstance(expr, sympy.Max) else min_fn
+        parts = [print_index(a, max_fn, min_fn) for a in expr.args]
+        text = parts[0]
+        for part in parts[1:]:
+            text = f"{fn}({text}, {part})"
+        return text
+    if expr.is_Integer:
+        return str(int(expr))
+    if isinstance(expr, sympy.Symbol):
+        return expr.name
+    def sub(e: sympy.Expr) -> str:
+        return print_index(e, max_fn, min_fn)
+
+    if isinstance(expr, sympy.Add):
+        return "(" + " + ".join(sub(arg) for arg in _ordered(expr.args)) + ")"
+    if isinstance(expr, sympy.Mul):
+        return "(" + " * ".join(sub(arg) for arg in _ordered(expr.args)) + ")"
+    if isinstance(expr, FloorDiv):
+        return f"({sub(expr.args[0])} // {sub(expr.args[1])})"
+    if isinstance(expr, ModIndex):
+        return f"({sub(expr.args[0])} % {sub(expr.args[1])})"
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
+        return "(" + " * ".join([sub(expr.base)] * int(expr.exp)) + ")"
+    raise NotImplementedError(f"index expression {expr} in a Triton kernel")
+
+
+def _ordered(args) -> list:
+    """Symbols before constants, so ``x0 + 1`` prints that way round."""
+    return sorted(args, key=lambda a: (a.is_number, str(a)))

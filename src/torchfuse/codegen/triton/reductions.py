@@ -1,0 +1,109 @@
+"""Reduction combine text for Triton: identities, accumulation and the final reduce."""
+from __future__ import annotations
+
+import torch
+
+from torchfuse.codegen.triton.printer import compute_dtype, tl_dtype
+
+# Helper functions emitted once per kernel module; the module supplies ``jit`` and ``tl``.
+HELPERS = '''
+@jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@jit
+def _min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@jit
+def _add(a, b):
+    return a + b
+
+
+@jit
+def _prod(a, b):
+    return a * b
+
+
+@jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@jit
+def _min(a, b):
+    return tl.minimum(a, b)
+
+
+@jit
+def _argmax_combine(a, a_index, b, b_index):
+    # NaN counts as the largest value; ties go to the smaller index (as in PyTorch).
+    a_nan = a != a
+    b_nan = b != b
+    pick_a = (a > b) | (a_nan & ~b_nan) | ((a == b) & (a_index < b_index)) | (a_nan & b_nan & (a_index < b_index))
+    return tl.where(pick_a, a, b), tl.where(pick_a, a_index, b_index)
+
+
+@jit
+def _argmin_combine(a, a_index, b, b_index):
+    a_nan = a != a
+    b_nan = b != b
+    pick_a = (a < b) | (a_nan & ~b_nan) | ((a == b) & (a_index < b_index)) | (a_nan & b_nan & (a_index < b_index))
+    return tl.where(pick_a, a, b), tl.where(pick_a, a_index, b_index)
+'''
+
+
+def accumulator_dtype(reduce_op: str, dtype: torch.dtype, input_dtype: torch.dtype) -> torch.dtype:
+    """The dtype accumulated in: the input's for arg-reductions, int8 for any/all."""
+    if reduce_op in ("argmax", "argmin"):
+        return compute_dtype(input_dtype)
+    if reduce_op in ("any", "all"):
+        return torch.int8
+    return compute_dtype(dtype)
+
+
+def identity(reduce_op: str, dtype: torch.dtype) -> str:
+    if reduce_op == "sum" or reduce_op == "any":
+        return "0"
+    if reduce_op in ("prod", "all"):
+        return "1"
+    largest = reduce_op in ("min", "argmin")
+    if dtype.is_floating_point:
+        return 'float("inf")' if largest else 'float("-inf")'
+    info = torch.iinfo(dtype) if dtype != torch.bool else None
+    if info is None:
+        return "1" if largest else "0"
+    return str(info.max if largest else info.min)
+
+
+def combine(reduce_op: str, acc: str, value: str, dtype: torch.dtype) -> str:
+    """Elementwise combine of an accumulator tile with a new tile (looped reductions)."""
+    if reduce_op == "sum":
+        return f"{acc} + {value}"
+    if reduce_op == "prod":
+        return f"{acc} * {value}"
+    if reduce_op in ("max", "any"):
+        return f"_max_nan({acc}, {value})" if dtype.is_floating_point else f"tl.maximum({acc}, {value})"
+    if reduce_op in ("min", "all"):
+        return f"_min_nan({acc}, {value})" if dtype.is_floating_point else f"tl.minimum({acc}, {value})"
+    raise ValueError(reduce_op)
+
+
+def final_reduce(reduce_op: str, tile: str, dtype: torch.dtype) -> str:
+    """Reduce a [XBLOCK, RBLOCK] tile over axis 1, keeping a [XBLOCK, 1] result."""
+    # Only tl.reduce with our own combine functions: Triton's library reductions are
+    # themselves jit functions, which its interpreter cannot call (see docs/decisions.md).
+    fn = {"sum": "_add", "prod": "_prod"}.get(reduce_op)
+    if reduce_op in ("max", "any"):
+        fn = "_max_nan" if dtype.is_floating_point else "_max"
+    elif reduce_op in ("min", "all"):
+        fn = "_min_nan" if dtype.is_floating_point else "_min"
+    if fn is None:
+        raise ValueError(reduce_op)
+    return f"tl.reduce({tile}, 1, {fn})[:, None]"
+
+
+def dtype_text(dtype: torch.dtype) -> str:
+    return tl_dtype(dtype)

@@ -1,0 +1,38 @@
+"""The decomposition table handed to aot_autograd: which ATen ops reach lowering as smaller ops.
+
+We take PyTorch's core-ATen table and add the composite ops whose parts fuse well
+(layer norm, softmax, GELU, ...). Matmuls, convolutions and attention stay whole: they
+run as ATen calls.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+EXTRA = [
+    aten.native_layer_norm, aten.native_layer_norm_backward, aten._softmax, aten._log_softmax,
+    aten._softmax_backward_data, aten._log_softmax_backward_data, aten.gelu, aten.gelu_backward,
+    aten.silu, aten.silu_backward, aten.native_group_norm, aten.native_group_norm_backward,
+    aten.nll_loss_forward, aten.nll_loss_backward, aten.mse_loss, aten.mse_loss_backward,
+    aten.hardtanh, aten.hardswish, aten.hardsigmoid, aten.leaky_relu, aten.elu, aten.softplus,
+    aten.mish, aten.logsumexp, aten.addcmul, aten.addcdiv, aten.lerp, aten._unsafe_index,
+    aten.std, aten.std_mean, aten.native_batch_norm, aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
+]
+
+# Decompositions we do not want: these lower better (or must stay ATen calls) whole.
+KEEP_WHOLE = [aten.mm, aten.bmm, aten.addmm, aten.convolution, aten.convolution_backward]
+
+
+@functools.lru_cache(maxsize=1)
+def decomposition_table() -> dict:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(EXTRA))
+    for op in KEEP_WHOLE:
+        for overload in op.overloads():
+            table.pop(getattr(op, overload), None)
+    return table

@@ -1,0 +1,165 @@
+"""Index arithmetic on sympy: loop variables, floor division, modulo and simplification.
+
+Sizes and indices are sympy expressions so that one kernel serves many sizes: a dynamic
+dimension is a symbol (``s0``) that becomes a kernel argument. We define our own
+``FloorDiv`` and ``ModIndex`` instead of sympy's ``floor``/``Mod`` because every index in
+a kernel is a non-negative integer, which lets us simplify far more aggressively (and
+predictably) than sympy can for general integers.
+"""
+from __future__ import annotations
+
+import functools
+
+import sympy
+
+
+class FloorDiv(sympy.Function):
+    """``base // divisor`` for non-negative integer ``base`` and positive ``divisor``."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):  # (a // b) // c == a // (b * c)
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        # floor((k * d + r) / d) == k + floor(r / d) for any integer k.
+        multiple, rest = _split_multiples(base, divisor)
+        if multiple != 0:
+            return sympy.expand(multiple / divisor) + FloorDiv(rest, divisor)
+        return None
+
+
+class ModIndex(sympy.Function):
+    """``base % divisor`` for non-negative integer ``base`` and positive ``divisor``."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
+        if divisor == 1 or base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) % int(divisor))
+        multiple, rest = _split_multiples(base, divisor)
+        if multiple != 0:  # (k * d + r) % d == r % d
+            return ModIndex(rest, divisor)
+        return None
+
+
+def _split_multiples(base: sympy.Expr, divisor: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """Split ``base`` into (terms that are integer multiples of divisor, the rest)."""
+    multiple, rest = sympy.Integer(0), sympy.Integer(0)
+    for term in sympy.Add.make_args(sympy.expand(base)):
+        quotient = sympy.cancel(term / divisor)
+        if _is_integer_polynomial(quotient):
+            multiple += term
+        else:
+            rest += term
+    return multiple, rest
+
+
+def _is_integer_polynomial(expr: sympy.Expr) -> bool:
+    """True when ``expr`` is a product of integers and integer-valued symbols/functions."""
+    if expr.is_Integer:
+        return True
+    numer, denom = sympy.fraction(sympy.together(expr))
+    if denom != 1:
+        return False
+    coeff, _ = numer.as_coeff_Mul()
+    return coeff.is_Integer
+
+
+@functools.lru_cache(maxsize=None)
+def index_var(prefix: str, position: int) -> sympy.Symbol:
+    """The loop variable ``{prefix}{position}``: ``i`` for output dims, ``r`` for reduced dims."""
+    return sympy.Symbol(f"{prefix}{position}", integer=True, nonnegative=True)
+
+
+def index_vars(rank: int, prefix: str = "i") -> tuple[sympy.Symbol, ...]:
+    return tuple(index_var(prefix, k) for k in range(rank))
+
+
+def is_loop_var(symbol: sympy.Basic) -> bool:
+    """Loop variables are named i*, r* or x* (kernel vars); sizes are s*/u* from Dynamo."""
+    return isinstance(symbol, sympy.Symbol) and symbol.name[:1] in ("i", "r", "x")
+
+
+def size_symbols(expr: sympy.Expr) -> set[sympy.Symbol]:
+    """Free symbols of ``expr`` that are sizes, not loop variables."""
+    return {s for s in sympy.sympify(expr).free_symbols if not is_loop_var(s)}
+
+
+def product(values) -> sympy.Expr:
+    result = sympy.Integer(1)
+    for value in values:
+        result = result * value
+    return result
+
+
+def contiguous_strides(shape) -> tuple[sympy.Expr, ...]:
+    strides = []
+    running = sympy.Integer(1)
+    for size in reversed(tuple(shape)):
+        strides.append(running)
+        running = running * size
+    return tuple(reversed(strides))
+
+
+def simplify_index(expr: sympy.Expr) -> sympy.Expr:
+    """Expand and fold ``d * (x // d) + x % d`` back into ``x`` (views that merge dims make it)."""
+    expr = sympy.expand(expr)
+    for _ in range(8):  # each pass folds one level of nesting
+        folded = _fold_div_mod(expr)
+        if folded == expr:
+            return expr
+        expr = sympy.expand(folded)
+    return expr
+
+
+def _fold_div_mod(expr: sympy.Expr) -> sympy.Expr:
+    terms = list(sympy.Add.make_args(expr))
+    for mod_term in terms:
+        coeff, mod = _coeff_of_function(mod_term, ModIndex)
+        if mod is None:
+            continue
+        base, divisor = mod.args
+        wanted_coeff, wanted_div = coeff * divisor, FloorDiv(base, divisor)
+        for div_term in terms:
+            div_coeff, div = _coeff_of_function(div_term, FloorDiv)
+            if div is not None and div == wanted_div and sympy.simplify(div_coeff - wanted_coeff) == 0:
+                remaining = [t for t in terms if t is not mod_term and t is not div_term]
+                return sympy.Add(*remaining) + coeff * base
+    return expr
+
+
+def _coeff_of_function(term: sympy.Expr, function: type) -> tuple[sympy.Expr, sympy.Expr | None]:
+    """Write ``term`` as ``coeff * function(...)``; (term, None) when it is not of that form."""
+    factors = sympy.Mul.make_args(term)
+    calls = [f for f in factors if isinstance(f, function)]
+    if len(calls) != 1:
+        return term, None
+    coeff = sympy.Mul(*[f for f in factors if f is not calls[0]])
+    return coeff, calls[0]
+
+
+def linear_coefficients(expr: sympy.Expr, variables) -> tuple[list[sympy.Expr], sympy.Expr] | None:
+    """Coefficients of ``expr`` in ``variables`` and the constant term, or None if not affine."""
+    expr = sympy.expand(expr)
+    coeffs = []
+    for var in variables:
+        coeff = expr.coeff(var, 1)
+        if coeff.has(*variables):
+            return None
+        coeffs.append(coeff)
+    constant = sympy.expand(expr - sum(c * v for c, v in zip(coeffs, variables)))
+    if constant.has(*variables):
+        return None
+    return coeffs, constant

@@ -1,0 +1,108 @@
+"""State shared by the lowering rules while one FX graph is lowered."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import sympy
+import torch
+
+from torchfuse.ir.expr import Expr
+from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph, Pointwise, Reduction, Shape
+from torchfuse.ir.symbols import index_vars, linear_coefficients, simplify_index
+from torchfuse.lowering.values import TensorValue
+
+BodyFn = Callable[[tuple[sympy.Symbol, ...]], Expr]
+
+
+class LoweringContext:
+    """Builds the ``ir.Graph``: rules call these methods to add nodes and buffers."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self._counter = itertools.count()
+        self.current_origin = ""
+
+    def new_name(self, prefix: str = "buf") -> str:
+        return f"{prefix}{next(self._counter)}"
+
+    def add_buffer(self, buffer: Buffer) -> None:
+        self.graph.buffers[buffer.name] = buffer
+
+    def pointwise(self, shape: Shape, dtype: torch.dtype, device: torch.device, body_fn: BodyFn) -> TensorValue:
+        """Add a node computing ``body_fn(i0, i1, ...)`` at every point of ``shape``."""
+        shape = tuple(sympy.sympify(s) for s in shape)
+        name = self.new_name()
+        body = body_fn(index_vars(len(shape)))
+        self.graph.nodes.append(Pointwise(name, shape, dtype, device, body, self.current_origin))
+        self.add_buffer(Buffer.contiguous(name, shape, dtype, device))
+        return TensorValue.of_buffer(name, shape, dtype, device)
+
+    def reduction(
+        self,
+        source: Shape,
+        axes: tuple[int, ...],
+        keepdim: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+        reduce_op: str,
+        body_fn: BodyFn,
+    ) -> TensorValue:
+        """Reduce ``body_fn(full index)`` over ``axes`` of a tensor of shape ``source``."""
+        source = tuple(sympy.sympify(s) for s in source)
+        axes = tuple(sorted(set(a % len(source) for a in axes))) if source else ()
+        kept = [d for d in range(len(source)) if d not in axes]
+        out_shape = tuple(sympy.Integer(1) if d in axes else source[d] for d in range(len(source))) if keepdim else tuple(source[d] for d in kept)
+        out_vars = index_vars(len(out_shape))
+        red_vars = index_vars(len(axes), "r")
+        full_index = []
+        for d in range(len(source)):
+            if d in axes:
+                full_index.append(red_vars[axes.index(d)])
+            else:
+                full_index.append(out_vars[d] if keepdim else out_vars[kept.index(d)])
+        name = self.new_name()
+        node = Reduction(
+            name, out_shape, dtype, device, body_fn(tuple(full_index)), reduce_op,
+            tuple(source[d] for d in axes), source, axes, self.current_origin,
+        )
+        self.graph.nodes.append(node)
+        self.add_buffer(Buffer.contiguous(name, out_shape, dtype, device))
+        return TensorValue.of_buffer(name, out_shape, dtype, device)
+
+    def extern_arg(self, value: TensorValue) -> ExternArg:
+        """Pass ``value`` to an ATen call: a strided view of its buffer, or a fresh copy."""
+        buffer = self.graph.buffers[value.buffer]
+        strided = _as_strided_view(value, buffer)
+        if strided is not None:
+            return strided
+        copy = self.pointwise(value.shape, value.dtype, value.device, lambda idx: value.load(idx))
+        return self.extern_arg(copy)
+
+    def extern(self, target: Any, args: tuple, kwargs: dict, outputs: tuple[Buffer, ...], paths: tuple) -> None:
+        for buffer in outputs:
+            self.add_buffer(buffer)
+        self.graph.nodes.append(Extern(self.new_name("extern"), target, args, kwargs, outputs, paths, self.current_origin))
+
+
+def _as_strided_view(value: TensorValue, buffer: Buffer) -> ExternArg | None:
+    """The value as (sizes, strides, offset) over ``buffer`` when its index map is affine."""
+    offset_expr = simplify_index(buffer.flat_offset(value.index_map))
+    coeffs = linear_coefficients(offset_expr, value.vars)
+    if coeffs is None:
+        return None
+    strides, offset = coeffs
+    if any(s.has(*index_vars(8, "r")) for s in strides):
+        return None
+    return ExternArg(value.buffer, value.shape, tuple(strides), offset)
+
+
+def load_broadcast(value: TensorValue, out_index: tuple[sympy.Expr, ...], out_shape: Shape) -> Expr:
+    """Read ``value`` at ``out_index`` of a broadcast result of shape ``out_shape``."""
+    offset = len(out_shape) - value.rank
+    index = []
+    for d, size in enumerate(value.shape):
+        out_dim = d + offset
+        broadcast = size == 1 and out_shape[out_dim] != 1
+        index.append(sympy.Integer(0) if broadcast else out_index[out_dim])
+    return value.load(tuple(index))

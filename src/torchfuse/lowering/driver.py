@@ -1,0 +1,160 @@
+"""The generic lowering loop: walk the ATen FX graph once and apply one rule per op."""
+from __future__ import annotations
+
+from typing import Any
+
+import operator
+
+import sympy
+import torch
+import torch.fx
+
+from torchfuse.frontend.symbolic import is_symbolic, offset_of, shape_of, strides_of, to_sympy
+from torchfuse.ir.graph import Buffer, ExternArg, Graph, GraphOutput
+from torchfuse.ir.symbols import FloorDiv, ModIndex, contiguous_strides
+from torchfuse.lowering import registry
+from torchfuse.lowering.context import LoweringContext
+from torchfuse.lowering.values import TensorValue
+
+
+def lower(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
+    """Lower an ATen-level FX graph into an ``ir.Graph``.
+
+    Args:
+        gm: a graph from aot_autograd whose nodes carry ``meta['val']`` (fake tensors).
+        name: a name for reports.
+    Returns:
+        The loop-level graph. Ops without a rule become Extern calls, listed in ``fallbacks``.
+    """
+    from torchfuse.lowering import rules  # noqa: F401  (registers every rule)
+
+    graph = Graph(name=name)
+    ctx = LoweringContext(graph)
+    env: dict[torch.fx.Node, Any] = {}
+    placeholder_position = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = _lower_placeholder(ctx, node, placeholder_position)
+            placeholder_position += 1
+        elif node.op == "call_function":
+            ctx.current_origin = _op_name(node.target)
+            env[node] = _lower_call(ctx, node, env)
+        elif node.op == "output":
+            graph.outputs = [_lower_output(ctx, out, env) for out in _flatten_outputs(node.args[0])]
+        elif node.op == "get_attr":
+            raise NotImplementedError(f"get_attr node {node.target} (lift parameters as inputs)")
+    return graph
+
+
+def _op_name(target: Any) -> str:
+    return str(getattr(target, "_name", None) or getattr(target, "__name__", target)).replace("aten::", "aten.")
+
+
+def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, position: int) -> Any:
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        buffer = Buffer(node.name, shape_of(value), value.dtype, value.device, strides_of(value), offset_of(value))
+        ctx.graph.inputs.append(buffer)
+        ctx.add_buffer(buffer)
+        for dim, size in enumerate(buffer.shape):
+            if isinstance(size, sympy.Symbol):
+                ctx.graph.size_sources.setdefault(size, (position, dim))
+        return TensorValue.of_buffer(node.name, buffer.shape, value.dtype, value.device)
+    # A SymInt (or plain int) input: the wrapper reads its value from the argument list.
+    ctx.graph.inputs.append(Buffer(node.name, (), torch.int64, torch.device("cpu"), ()))
+    expr = to_sympy(value) if value is not None else None
+    if isinstance(expr, sympy.Symbol):
+        ctx.graph.size_sources[expr] = (position, None)
+    return expr
+
+
+def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
+    if node.target is operator.getitem:
+        container = env[node.args[0]]
+        return container[node.args[1]]
+    if node.target in SIZE_ARITHMETIC:
+        args = _symints_to_sympy(torch.fx.node.map_arg(node.args, lambda n: env[n]))
+        return SIZE_ARITHMETIC[node.target](*[sympy.sympify(a) for a in args])
+    args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+    args, kwargs = _symints_to_sympy(args), _symints_to_sympy(kwargs)
+    rule = registry.lookup(node.target)
+    if rule is not None:
+        result = rule(ctx, node, *args, **kwargs)
+        if result is not NotImplemented:
+            return result
+    from torchfuse.lowering.extern import lower_extern
+
+    ctx.graph.fallbacks.append(_op_name(node.target))
+    return lower_extern(ctx, node, args, kwargs)
+
+
+# Arithmetic on sizes (SymInts) that Dynamo records as graph nodes, evaluated symbolically.
+SIZE_ARITHMETIC = {
+    operator.add: lambda a, b: a + b,
+    operator.sub: lambda a, b: a - b,
+    operator.mul: lambda a, b: a * b,
+    operator.floordiv: FloorDiv,
+    operator.mod: ModIndex,
+    operator.neg: lambda a: -a,
+    torch.sym_max: sympy.Max,
+    torch.sym_min: sympy.Min,
+}
+
+
+def _symints_to_sympy(value: Any) -> Any:
+    if is_symbolic(value):
+        return to_sympy(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_symints_to_sympy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _symints_to_sympy(v) for k, v in value.items()}
+    return value
+
+
+def _flatten_outputs(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def _lower_output(ctx: LoweringContext, out: Any, env: dict) -> GraphOutput:
+    if not isinstance(out, torch.fx.Node):
+        return GraphOutput(None, constant=out)
+    value = env[out]
+    if not isinstance(value, TensorValue):
+        return GraphOutput(None, constant=value)
+    meta = out.meta.get("val")
+    if value.is_identity and _layout_is_free(ctx, value.buffer) and isinstance(meta, torch.Tensor):
+        buffer = ctx.graph.buffers[value.buffer]
+        if _is_dense(buffer.shape, strides_of(meta)):
+            # Return the layout eager returns (a transposed or channels-last result stays so).
+            buffer = Buffer(buffer.name, buffer.shape, buffer.dtype, buffer.device, strides_of(meta))
+            ctx.graph.buffers[value.buffer] = buffer
+        return GraphOutput(value.buffer, buffer.shape, buffer.strides)
+    arg = ctx.extern_arg(value)  # a strided view of an existing buffer, or a copy
+    return GraphOutput(arg.buffer, arg.shape, arg.strides, arg.offset)
+
+
+def _layout_is_free(ctx: LoweringContext, name: str) -> bool:
+    """True for node buffers whose strides no Extern has relied on yet."""
+    from torchfuse.ir.graph import Extern, Pointwise, Reduction
+
+    if not isinstance(ctx.graph.node(name), (Pointwise, Reduction)):
+        return False
+    return not any(isinstance(n, Extern) and name in n.reads() for n in ctx.graph.nodes)
+
+
+def _is_dense(shape, strides) -> bool:
+    """True when ``strides`` lay ``shape`` out densely (a permutation of contiguous)."""
+    if any(not sympy.sympify(v).is_number for v in (*shape, *strides)):
+        return tuple(strides) == contiguous_strides(shape)
+    order = sorted(range(len(shape)), key=lambda d: int(strides[d]))
+    expected = 1
+    for d in order:
+        if int(shape[d]) == 1:
+            continue
+        if int(strides[d]) != expected:
+            return False
+        expected *= int(shape[d])
+    return True

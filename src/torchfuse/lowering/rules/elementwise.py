@@ -1,0 +1,180 @@
+"""Elementwise ops: one table entry per ATen op, one generic rule that builds the body.
+
+The output dtype and shape come from the node's ``meta['val']`` (eager's own answer).
+Operands are cast to the *compute* dtype first: the output dtype for arithmetic and math,
+the promoted input dtype for comparisons, bool for logical ops.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from torchfuse.ir.expr import Const, Expr, Op, Where
+from torchfuse.lowering.context import LoweringContext
+from torchfuse.lowering.registry import register_lowering
+from torchfuse.lowering.rules.common import cast, operand, out_meta, output_shape, result_type
+
+aten = torch.ops.aten
+
+# ATen op packet -> IR op name, for ops computed in the output dtype.
+ARITHMETIC = {
+    aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.pow: "pow",
+    aten.atan2: "atan2", aten.copysign: "copysign", aten.hypot: "hypot", aten.fmod: "fmod",
+    aten.remainder: "remainder", aten.floor_divide: "floordiv", aten.neg: "neg", aten.abs: "abs",
+    aten.sign: "sign", aten.sgn: "sign", aten.reciprocal: "reciprocal", aten.trunc: "trunc",
+    aten.floor: "floor", aten.ceil: "ceil", aten.round: "round", aten.frac: "frac",
+    aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1", aten.log: "log", aten.log2: "log2",
+    aten.log10: "log10", aten.log1p: "log1p", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",
+    aten.sin: "sin", aten.cos: "cos", aten.tan: "tan", aten.asin: "asin", aten.acos: "acos",
+    aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh", aten.tanh: "tanh",
+    aten.asinh: "asinh", aten.acosh: "acosh", aten.atanh: "atanh", aten.erf: "erf",
+    aten.erfc: "erfc", aten.erfinv: "erfinv", aten.sigmoid: "sigmoid", aten.lgamma: "lgamma",
+    aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or", aten.bitwise_xor: "bitwise_xor",
+    aten.bitwise_not: "bitwise_not", aten.bitwise_left_shift: "bitwise_left_shift",
+    aten.bitwise_right_shift: "bitwise_right_shift", aten.__and__: "bitwise_and",
+    aten.__or__: "bitwise_or", aten.__xor__: "bitwise_xor",
+}
+# Ops whose inputs are compared or tested in their promoted dtype; the output is bool.
+PREDICATES = {
+    aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge",
+    aten.isnan: "isnan", aten.isinf: "isinf", aten.isfinite: "isfinite", aten.signbit: "signbit",
+}
+LOGICAL = {
+    aten.logical_and: "logical_and", aten.logical_or: "logical_or",
+    aten.logical_xor: "logical_xor", aten.logical_not: "logical_not",
+}
+
+
+def pointwise_op(ctx: LoweringContext, node: torch.fx.Node, inputs: tuple, compute: torch.dtype | None,
+                 build: Callable[[list[Expr]], Expr]) -> Any:
+    """Add a node whose body is ``build(operands)`` with operands cast to ``compute``.
+
+    ``compute=None`` leaves each tensor operand in its own dtype (scalars take the output's).
+    """
+    meta = out_meta(node)
+    shape = output_shape(node)
+
+    def body(index: tuple) -> Expr:
+        operands = [operand(x, index, shape, compute or getattr(x, "dtype", meta.dtype)) for x in inputs]
+        return cast(build(operands), meta.dtype)
+
+    return ctx.pointwise(shape, meta.dtype, meta.device, body)
+
+
+def _named(name: str, dtype_of: Callable[[Expr], torch.dtype] = lambda a: a.dtype) -> Callable[[list[Expr]], Expr]:
+    return lambda args: Op(dtype_of(args[0]), name, tuple(args))
+
+
+def _arithmetic_rule(name: str):
+    def rule(ctx: LoweringContext, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
+        return pointwise_op(ctx, node, args[:2], out_meta(node).dtype, _named(name))
+
+    return rule
+
+
+def _predicate_rule(name: str):
+    def rule(ctx: LoweringContext, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
+        return pointwise_op(ctx, node, args[:2], result_type(*args[:2]), _named(name, lambda a: torch.bool))
+
+    return rule
+
+
+def _logical_rule(name: str):
+    def rule(ctx: LoweringContext, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
+        return pointwise_op(ctx, node, args[:2], torch.bool, _named(name))
+
+    return rule
+
+
+for _packet, _name in ARITHMETIC.items():
+    register_lowering(_packet)(_arithmetic_rule(_name))
+for _packet, _name in PREDICATES.items():
+    register_lowering(_packet)(_predicate_rule(_name))
+for _packet, _name in LOGICAL.items():
+    register_lowering(_packet)(_logical_rule(_name))
+
+
+@register_lowering(aten.add, aten.sub, aten.rsub)
+def add_sub(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any, alpha: Any = 1) -> Any:
+    """``a + alpha * b`` (``rsub``: ``b - alpha * a``)."""
+    target = node.target.overloadpacket
+    name = "add" if target is aten.add else "sub"
+    first, second = (b, a) if target is aten.rsub else (a, b)
+    dtype = out_meta(node).dtype
+
+    def build(args: list[Expr]) -> Expr:
+        scaled = args[1] if alpha == 1 else Op(dtype, "mul", (args[1], Const(dtype, alpha)))
+        return Op(dtype, name, (args[0], scaled))
+
+    return pointwise_op(ctx, node, (first, second), dtype, build)
+
+
+@register_lowering(aten.div)
+def div(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any, rounding_mode: str | None = None) -> Any:
+    dtype = out_meta(node).dtype
+    if rounding_mode is None:
+        return pointwise_op(ctx, node, (a, b), dtype, _named("truediv"))
+    if dtype.is_floating_point:
+        rounding = "trunc" if rounding_mode == "trunc" else "floor"
+        return pointwise_op(ctx, node, (a, b), dtype,
+                            lambda args: Op(dtype, rounding, (Op(dtype, "truediv", tuple(args)),)))
+    name = "truncdiv" if rounding_mode == "trunc" else "floordiv"
+    return pointwise_op(ctx, node, (a, b), dtype, _named(name))
+
+
+@register_lowering(aten.where)
+def where(ctx: LoweringContext, node: torch.fx.Node, cond: Any, a: Any, b: Any) -> Any:
+    dtype = out_meta(node).dtype
+
+    def build(args: list[Expr]) -> Expr:
+        return Where(dtype, cast(args[0], torch.bool), cast(args[1], dtype), cast(args[2], dtype))
+
+    return pointwise_op(ctx, node, (cond, a, b), None, build)
+
+
+@register_lowering(aten.clamp, aten.clamp_min, aten.clamp_max)
+def clamp(ctx: LoweringContext, node: torch.fx.Node, x: Any, low: Any = None, high: Any = None) -> Any:
+    if node.target.overloadpacket is aten.clamp_max:
+        low, high = None, low
+    dtype = out_meta(node).dtype
+    present = [v for v in (low, high) if v is not None]
+
+    def build(args: list[Expr]) -> Expr:
+        value, rest = args[0], list(args[1:])
+        if low is not None:
+            value = Op(dtype, "maximum", (value, rest.pop(0)))
+        if high is not None:
+            value = Op(dtype, "minimum", (value, rest.pop(0)))
+        return value
+
+    return pointwise_op(ctx, node, (x, *present), dtype, build)
+
+
+@register_lowering(aten._to_copy, aten.clone, aten.lift_fresh_copy,
+                   aten._conj, aten.positive, aten.contiguous, aten.copy)
+def copy(ctx: LoweringContext, node: torch.fx.Node, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """A (possibly dtype-converting) copy; a device change runs as an ATen call."""
+    if node.target.overloadpacket is aten.copy:
+        x = args[0]  # copy(dst, src): the result is src in dst's layout
+    meta = out_meta(node)
+    if getattr(x, "device", meta.device) != meta.device:
+        return NotImplemented
+    return pointwise_op(ctx, node, (x,), meta.dtype, lambda args: args[0])
+
+
+@register_lowering(aten.sigmoid_backward)
+def sigmoid_backward(ctx: LoweringContext, node: torch.fx.Node, grad: Any, y: Any) -> Any:
+    dtype = out_meta(node).dtype
+    one = Const(dtype, 1.0)
+    return pointwise_op(ctx, node, (grad, y), dtype,
+                        lambda a: Op(dtype, "mul", (a[0], Op(dtype, "mul", (a[1], Op(dtype, "sub", (one, a[1])))))))
+
+
+@register_lowering(aten.tanh_backward)
+def tanh_backward(ctx: LoweringContext, node: torch.fx.Node, grad: Any, y: Any) -> Any:
+    dtype = out_meta(node).dtype
+    one = Const(dtype, 1.0)
+    return pointwise_op(ctx, node, (grad, y), dtype,
+                        lambda a: Op(dtype, "mul", (a[0], Op(dtype, "sub", (one, Op(dtype, "mul", (a[1], a[1])))))))

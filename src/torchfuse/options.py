@@ -1,0 +1,38 @@
+"""User options of ``torchfuse.compile``, validated once (no global config)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+TARGETS = ("auto", "triton", "aten")
+STAGES = ("aten", "ir", "schedule", "kernels", "wrapper")
+
+
+@dataclass(frozen=True)
+class Options:
+    target: str = "auto"  # "triton" forces Triton (its interpreter on CPU tensors)
+    strict: bool = False  # raise on internal compile errors instead of running ATen
+    dump: tuple[str, ...] = ()  # stages whose output is printed: see STAGES
+    mode: str = "default"
+    cache_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def from_user(options: dict[str, Any] | None, mode: str = "default") -> "Options":
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        options = dict(options or {})
+        valid = [f.name for f in fields(Options) if f.name not in ("mode", "extra")]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown torchfuse option(s) {unknown}; valid options: {', '.join(valid)}")
+        if options.get("target", "auto") not in TARGETS:
+            raise ValueError(f"unknown target {options['target']!r}; valid targets: {', '.join(TARGETS)}")
+        dump = options.get("dump", ())
+        dump = (dump,) if isinstance(dump, str) else tuple(dump)
+        bad = [d for d in dump if d not in STAGES]
+        if bad:
+            raise ValueError(f"unknown dump stage(s) {bad}; valid stages: {', '.join(STAGES)}")
+        options["dump"] = dump
+        return Options(mode=mode, **options)

@@ -1,0 +1,181 @@
+"""Compile one ATen graph: the ordered list of named stages from lowering to the wrapper.
+
+Each stage's output can be printed by name (``options={"dump": ["ir", "kernels"]}`` or
+``TORCHFUSE_DUMP=ir,kernels``) and its time goes into the report.
+"""
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from torchfuse.diagnostics import report as reports
+from torchfuse.ir.printer import format_graph
+from torchfuse.options import Options
+
+
+@dataclass
+class CompileState:
+    gm: torch.fx.GraphModule
+    example_inputs: list[Any]
+    options: Options
+    target: str
+    report: reports.GraphReport
+    graph: Any = None
+    plan: Any = None
+    kernels: dict = field(default_factory=dict)
+    launchers: dict = field(default_factory=dict)
+    call: Callable | None = None
+
+
+def choose_target(example_inputs: list[Any], options: Options) -> str:
+    if options.target != "auto":
+        return options.target
+    on_gpu = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+    return "triton" if on_gpu else "aten"  # CPU runs ATen until the C++ target exists
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str, options: Options) -> Callable:
+    """Compile one graph from aot_autograd into a boxed callable ``f(args_list)``.
+
+    Args:
+        gm: the ATen FX graph.
+        example_inputs: fake tensors (or SymInts) describing the inputs.
+        kind: "forward", "backward" or "inference", for the report.
+        options: validated user options.
+    Returns:
+        A function taking the list of inputs (which it clears) and returning the outputs.
+    """
+    target = choose_target(example_inputs, options)
+    graph_report = reports.GraphReport(reports.next_graph_name(), kind, target)
+    graph_report.aten_ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    state = CompileState(gm, list(example_inputs), options, target, graph_report)
+    try:
+        for name, stage in STAGES:
+            started = time.perf_counter()
+            stage(state)
+            graph_report.stage_seconds[name] = time.perf_counter() - started
+            _dump(name, state)
+        call = state.call
+    except Exception as error:  # noqa: BLE001 - any internal failure falls back to ATen
+        if options.strict:
+            raise
+        graph_report.error = f"{type(error).__name__}: {error}"
+        graph_report.target = "aten"
+        ops = sorted({op.split('.')[-2] if '.' in op else op for op in graph_report.aten_ops})
+        warnings.warn(
+            f"torchfuse could not compile {graph_report.name} (ops: {', '.join(ops[:12])}"
+            f"{'...' if len(ops) > 12 else ''}): {graph_report.error}. Running it with ATen instead; "
+            "pass options={'strict': True} to raise.",
+            stacklevel=2,
+        )
+        call = _run_with_aten(gm)
+    reports.record(graph_report)
+    call._boxed_call = True
+    return call
+
+
+def _run_with_aten(gm: torch.fx.GraphModule) -> Callable:
+    def call(args: list) -> Any:
+        values = list(args)
+        args.clear()
+        return gm(*values)
+
+    return call
+
+
+def _dump(stage: str, state: CompileState) -> None:
+    wanted = set(state.options.dump) | set(filter(None, os.environ.get("TORCHFUSE_DUMP", "").split(",")))
+    if stage in wanted:
+        print(f"===== torchfuse {state.report.name} stage {stage} "
+              f"({state.report.stage_seconds.get(stage, 0) * 1000:.1f} ms) =====")
+        print(_stage_text(stage, state))
+
+
+def _stage_text(stage: str, state: CompileState) -> str:
+    if stage == "aten":
+        return state.gm.code
+    if stage == "ir":
+        return format_graph(state.graph)
+    if stage == "schedule":
+        return "\n".join(str(k) for k in state.report.kernels) + "\n" + "\n".join(str(d) for d in state.plan.decisions)
+    if stage == "kernels":
+        return "\n\n".join(k.source or "" for k in state.report.kernels if k.source)
+    return state.report.wrapper_source
+
+
+# -- the stages -------------------------------------------------------------------------------
+def stage_aten(state: CompileState) -> None:
+    """The input graph, as aot_autograd gave it (nothing to do but dump it)."""
+
+
+def stage_lower(state: CompileState) -> None:
+    from torchfuse.lowering.driver import lower
+
+    state.graph = lower(state.gm, state.report.name)
+    state.report.fallbacks = list(state.graph.fallbacks)
+    state.report.ir_text = format_graph(state.graph)
+
+
+def stage_schedule(state: CompileState) -> None:
+    from torchfuse.scheduler.kernel import FusedKernel
+    from torchfuse.scheduler.schedule import schedule
+
+    state.plan = schedule(state.graph)
+    state.report.decisions = [d for d in state.plan.decisions if not d.fused]
+    state.report.fusions = [d for d in state.plan.decisions if d.fused]
+    for item in state.plan.items:
+        if isinstance(item, FusedKernel):
+            state.report.kernels.append(reports.KernelReport(item.name, item.kind, item.origins))
+        else:
+            state.report.kernels.append(reports.KernelReport(item.name, "extern", [str(item.node.target)]))
+
+
+def stage_kernels(state: CompileState) -> None:
+    if state.target == "aten":
+        return
+    from torchfuse.codegen.triton.kernel import render_kernel
+    from torchfuse.frontend.symbolic import shape_env_of, size_hint
+    from torchfuse.runtime.kernel_cache import load_kernel, module_source
+
+    shape_env = shape_env_of(state.example_inputs)
+    interpret = not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in state.example_inputs)
+
+    def hint(expr) -> int:
+        try:
+            return size_hint(expr, None)
+        except (ValueError, TypeError):
+            return 0  # symbolic: choose code that works for every size
+
+    by_name = {k.name: k for k in state.report.kernels}
+    for kernel in state.plan.kernels:
+        rendered = render_kernel(kernel, state.graph.buffers, hint)
+        state.kernels[kernel.name] = rendered
+        state.launchers[kernel.name] = load_kernel(rendered.source, rendered.name, interpret)
+        by_name[kernel.name].source = module_source(rendered.source)
+    del shape_env
+
+
+def stage_wrapper(state: CompileState) -> None:
+    if state.target == "aten":
+        state.call = _run_with_aten(state.gm)
+        return
+    from torchfuse.runtime.wrapper import build_wrapper
+
+    call, source = build_wrapper(state.graph, state.plan, state.kernels, state.launchers)
+    state.report.wrapper_source = source
+    state.call = call
+
+
+STAGES: list[tuple[str, Callable[[CompileState], None]]] = [
+    ("aten", stage_aten),
+    ("ir", stage_lower),
+    ("schedule", stage_schedule),
+    ("kernels", stage_kernels),
+    ("wrapper", stage_wrapper),
+]

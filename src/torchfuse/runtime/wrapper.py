@@ -1,0 +1,191 @@
+"""Generate the Python wrapper that runs one compiled graph.
+
+The wrapper is readable Python (``print(compiled.wrapper_source)``): it reads sizes from
+its inputs, allocates buffers (reusing dead ones of the same size), launches kernels, calls
+ATen for Extern nodes, frees buffers after their last use and returns the outputs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from torchfuse.codegen.triton.kernel import TritonKernel
+from torchfuse.codegen.triton.printer import print_index
+from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph
+from torchfuse.scheduler.kernel import ExternKernel, FusedKernel
+from torchfuse.scheduler.schedule import Schedule
+
+
+def py(expr: Any) -> str:
+    """Python text for a size expression."""
+    return print_index(sympy.sympify(expr), "max", "min")
+
+
+def _tuple(values) -> str:
+    items = [py(v) for v in values]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+class WrapperWriter:
+    def __init__(self, graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel]) -> None:
+        self.graph = graph
+        self.plan = plan
+        self.kernels = kernels
+        self.lines: list[str] = []
+        self.constants: dict[str, Any] = {}  # names the wrapper uses -> objects
+        self.live: set[str] = set()
+        self.free_pool: dict[tuple, list[str]] = {}
+        self.allocated_here: set[str] = set()
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    def write(self) -> str:
+        names = [b.name for b in self.graph.inputs]
+        self.emit(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
+        self.emit("args.clear()")
+        for symbol, (position, dim) in sorted(self.graph.size_sources.items(), key=lambda kv: kv[0].name):
+            source = names[position]
+            self.emit(f"{symbol.name} = {source}.size({dim})" if dim is not None else f"{symbol.name} = int({source})")
+        last_use = self._last_uses()
+        for step, item in enumerate(self.plan.items):
+            if isinstance(item, FusedKernel):
+                self._emit_kernel(item)
+            else:
+                self._emit_extern(item.node)
+            self._free(step, last_use)
+        self.emit(f"return ({', '.join(self._output(o) for o in self.graph.outputs)}{',' if len(self.graph.outputs) == 1 else ''})")
+        return "def call(args):\n" + "\n".join(self.lines) + "\n"
+
+    # -- buffers ---------------------------------------------------------------------------
+    def _last_uses(self) -> dict[str, int]:
+        last: dict[str, int] = {}
+        for step, item in enumerate(self.plan.items):
+            reads = item.node.reads() if isinstance(item, ExternKernel) else self.kernels[item.name].pointer_args
+            for name in reads:
+                last[name] = step
+        return last
+
+    def _free(self, step: int, last_use: dict[str, int]) -> None:
+        keep = self.graph.output_names() | {b.name for b in self.graph.inputs}
+        for name in sorted(self.live):
+            if last_use.get(name, -1) <= step and name not in keep:
+                self.live.discard(name)
+                key = self._pool_key(self.graph.buffers[name])
+                if name in self.allocated_here and key[3]:
+                    self.free_pool.setdefault(key, []).append(name)  # kept for reuse
+                else:
+                    self.emit(f"del {name}")
+
+    @staticmethod
+    def _pool_key(buffer: Buffer) -> tuple:
+        return (sympy.sympify(buffer.numel), buffer.dtype, str(buffer.device), buffer.strides == _contiguous(buffer))
+
+    def _allocate(self, buffer: Buffer) -> None:
+        device = self._const(buffer.device, "device")
+        dtype = self._const(buffer.dtype, "dtype")
+        key = self._pool_key(buffer)
+        if key[3] and self.free_pool.get(key):
+            old = self.free_pool[key].pop()
+            self.emit(f"{buffer.name} = {old}.view({_tuple(buffer.shape)}); del {old}  # reuse dead buffer")
+        else:
+            self.emit(f"{buffer.name} = empty_strided({_tuple(buffer.shape)}, {_tuple(buffer.strides)}, dtype={dtype}, device={device})")
+        self.live.add(buffer.name)
+        self.allocated_here.add(buffer.name)
+
+    def _const(self, value: Any, prefix: str) -> str:
+        for name, existing in self.constants.items():
+            if existing == value and type(existing) is type(value):
+                return name
+        name = f"{prefix}{len(self.constants)}"
+        self.constants[name] = value
+        return name
+
+    # -- kernels and externs ---------------------------------------------------------------
+    def _emit_kernel(self, kernel: FusedKernel) -> None:
+        compiled = self.kernels[kernel.name]
+        for member in kernel.members:
+            if member.stored:
+                self._allocate(self.graph.buffers[member.node.name])
+        args = compiled.pointer_args + [s.name for s in compiled.size_args]
+        fn = self._const(compiled, "kernel")
+        self.emit(f"# {kernel.name}: {', '.join(kernel.origins)}")
+        if compiled.kind == "reduction":
+            self.emit(f"launch_reduction({fn}.launcher, {compiled.persistent}, {py(compiled.xnumel)}, {py(compiled.rnumel)}, {', '.join(args)})")
+        else:
+            self.emit(f"launch_pointwise({fn}.launcher, {py(compiled.xnumel)}, {', '.join(args)})")
+
+    def _emit_extern(self, node: Extern) -> None:
+        fn = self._const(node.target, "aten_op")
+        args = ", ".join(self._extern_value(a) for a in node.args)
+        kwargs = "".join(f", {k}={self._extern_value(v)}" for k, v in node.kwargs.items())
+        self.emit(f"# {node.name}: {node.target}")
+        result = f"{node.name}_result"
+        self.emit(f"{result} = {fn}({args}{kwargs})")
+        for buffer, path in zip(node.outputs, node.output_paths):
+            access = result + "".join(f"[{i}]" for i in path)
+            self.emit(f"{buffer.name} = ensure_layout({access}, {_tuple(buffer.shape)}, {_tuple(buffer.strides)})")
+            self.live.add(buffer.name)
+
+    def _extern_value(self, value: Any) -> str:
+        if isinstance(value, ExternArg):
+            return self._view(value.buffer, value.shape, value.strides, value.offset)
+        if isinstance(value, (list, tuple)):
+            inner = ", ".join(self._extern_value(v) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+        if isinstance(value, sympy.Expr):
+            return py(value) if value.is_integer or not value.is_number else repr(float(value))
+        if isinstance(value, (bool, int, float, str, type(None))):
+            return repr(value)
+        return self._const(value, "const")
+
+    def _view(self, name: str, shape, strides, offset) -> str:
+        buffer = self.graph.buffers[name]
+        if tuple(shape) == buffer.shape and tuple(strides) == buffer.strides and sympy.sympify(offset) == buffer.offset:
+            return name
+        return f"as_strided({name}, {_tuple(shape)}, {_tuple(strides)}, {py(offset)})"
+
+    def _output(self, out) -> str:
+        if out.buffer is None:
+            value = out.constant
+            return py(value) if isinstance(value, sympy.Expr) else self._extern_value(value)
+        return self._view(out.buffer, out.shape, out.strides, out.offset)
+
+
+def _contiguous(buffer: Buffer):
+    from torchfuse.ir.symbols import contiguous_strides
+
+    return contiguous_strides(buffer.shape)
+
+
+def ensure_layout(tensor: torch.Tensor, shape: tuple, strides: tuple) -> torch.Tensor:
+    """Kernels index extern outputs with the strides tracing predicted; enforce them."""
+    if tuple(tensor.shape) == shape and (tensor.stride() == strides or tensor.numel() <= 1):
+        return tensor
+    out = torch.empty_strided(shape, strides, dtype=tensor.dtype, device=tensor.device)
+    return out.copy_(tensor.reshape(shape))
+
+
+def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel], launchers: dict[str, Any]):
+    """Compile the wrapper source into a callable ``call(args)``; returns (call, source)."""
+    from torchfuse.runtime.launch import launch_pointwise, launch_reduction
+
+    writer = WrapperWriter(graph, plan, kernels)
+    source = writer.write()
+    namespace: dict[str, Any] = {
+        "empty_strided": torch.empty_strided, "as_strided": torch.as_strided, "ensure_layout": ensure_layout,
+        "launch_pointwise": launch_pointwise, "launch_reduction": launch_reduction, "max": max, "min": min,
+    }
+    for name, value in writer.constants.items():
+        if isinstance(value, TritonKernel):
+            value = _Launchable(launchers[value.name])
+        namespace[name] = value
+    exec(compile(source, f"<torchfuse wrapper {graph.name}>", "exec"), namespace)
+    return namespace["call"], source
+
+
+class _Launchable:
+    def __init__(self, launcher: Any) -> None:
+        self.launcher = launcher

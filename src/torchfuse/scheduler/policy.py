@@ -1,0 +1,47 @@
+"""The "is it worth it?" half of scheduling: when to store a buffer, when to fuse.
+
+Policies are plain functions passed to ``schedule()``, so an experiment can swap one
+without touching the mechanism.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchfuse.ir.expr import count_ops, loads
+from torchfuse.ir.graph import Pointwise
+from torchfuse.scheduler.decisions import FusionDecision
+from torchfuse.scheduler.kernel import FusedKernel
+
+# Recomputing a body in each reader beats a store and a reload unless the body is large.
+MAX_RECOMPUTED_OPS = 24
+MAX_RECOMPUTED_LOADS = 6
+
+
+@dataclass(frozen=True)
+class RealizeContext:
+    is_output: bool
+    read_by_extern: bool
+    read_indirectly: bool
+    reader_count: int  # nodes that would recompute it if inlined
+
+
+def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
+    """Store ``node``'s buffer (True) or recompute it inside each reader (False)."""
+    if ctx.is_output:
+        return FusionDecision.yes("graph output")
+    if ctx.read_by_extern:
+        return FusionDecision.yes("read by an ATen call")
+    if ctx.read_indirectly:
+        return FusionDecision.yes("read through a gathered index")
+    if ctx.reader_count > 1:
+        ops, reads = count_ops(node.body), len(loads(node.body))
+        if ops > MAX_RECOMPUTED_OPS or reads > MAX_RECOMPUTED_LOADS:
+            return FusionDecision.yes(f"{ctx.reader_count} readers and a large body ({ops} ops, {reads} loads)")
+    return FusionDecision.no("cheap to recompute in its readers")
+
+
+def worth_fusing(shares_memory: bool, kernel: FusedKernel) -> FusionDecision:
+    """Fuse only nodes that share a buffer with the kernel: that is what saves traffic."""
+    if not shares_memory:
+        return FusionDecision.no("no shared buffer: fusing would save no memory traffic")
+    return FusionDecision.yes("shares a buffer with the kernel")

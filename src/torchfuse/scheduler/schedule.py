@@ -1,0 +1,254 @@
+"""The scheduler: from an ``ir.Graph`` to kernels and externs in execution order.
+
+1. Decide which pointwise buffers are stored (realized); the rest are inlined into readers.
+2. Walk the stored nodes in graph order and add each to a kernel it may and should join
+   (``placement.place`` for legality, ``policy.worth_fusing`` for profit), else start one.
+3. Drop stores whose readers all sit in the same kernel, and order kernels topologically.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from torchfuse.ir.expr import Expr, Load, loads, substitute_index, walk
+from torchfuse.ir.graph import Extern, Graph, Pointwise, Reduction
+from torchfuse.scheduler import placement as placing
+from torchfuse.scheduler import policy
+from torchfuse.scheduler.bodies import inline_producers
+from torchfuse.scheduler.decisions import FusionDecision
+from torchfuse.scheduler.kernel import ExternKernel, FusedKernel, KernelMember, ScheduledItem
+
+Unit = Union[Pointwise, Reduction, Extern]
+
+
+@dataclass
+class Schedule:
+    items: list[ScheduledItem]
+    decisions: list[FusionDecision] = field(default_factory=list)
+    graph: Graph | None = None
+
+    @property
+    def kernels(self) -> list[FusedKernel]:
+        return [i for i in self.items if isinstance(i, FusedKernel)]
+
+
+def schedule(graph: Graph, worth_fusing=policy.worth_fusing, should_realize=policy.should_realize) -> Schedule:
+    """Group the graph's nodes into fused kernels.
+
+    Args:
+        graph: the lowered graph.
+        worth_fusing / should_realize: policy functions (see ``policy.py``).
+    Returns:
+        A ``Schedule`` whose items run in order, with every fusion decision recorded.
+    """
+    state = _SchedulerState(graph)
+    state.decide_realized(should_realize)
+    for node in graph.nodes:
+        if isinstance(node, Extern):
+            state.add_extern(node)
+        elif node.name in state.realized:
+            state.add_node(node, worth_fusing)
+    state.mark_stores()
+    return Schedule(state.ordered_items(), state.decisions, graph)
+
+
+class _SchedulerState:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.nodes = {n.name: n for n in graph.nodes if not isinstance(n, Extern)}
+        self.realized: set[str] = set()
+        self.decisions: list[FusionDecision] = []
+        self.items: list[ScheduledItem] = []
+        self.kernel_of: dict[str, ScheduledItem] = {}  # buffer -> item that writes it
+        self.readers: dict[str, list[ScheduledItem]] = {}  # stored buffer -> items reading it
+        self.reads_of: dict[int, set[str]] = {}  # id(item) -> stored buffers it reads
+        self.inlined_origins: dict[int, set[str]] = {}
+
+    # -- step 1: realize or inline ------------------------------------------------------
+    def decide_realized(self, should_realize) -> None:
+        outputs = self.graph.output_names()
+        direct = self._direct_readers()
+        effective: dict[str, set[str]] = {}
+        for node in reversed(self.graph.nodes):
+            if isinstance(node, Extern):
+                continue
+            readers: set[str] = set()
+            for reader in direct.get(node.name, []):
+                if reader in self.realized or not isinstance(self.nodes.get(reader), Pointwise):
+                    readers.add(reader)
+                else:
+                    readers |= effective.get(reader, set())
+            effective[node.name] = readers
+            if isinstance(node, Reduction):
+                self.realized.add(node.name)
+                continue
+            ctx = policy.RealizeContext(
+                is_output=node.name in outputs,
+                read_by_extern=any(r not in self.nodes for r in direct.get(node.name, [])),
+                read_indirectly=node.name in self._indirect_reads(),
+                reader_count=len(readers),
+            )
+            if should_realize(node, ctx):
+                self.realized.add(node.name)
+
+    def _direct_readers(self) -> dict[str, list[str]]:
+        result: dict[str, list[str]] = {}
+        for buffer, readers in self.graph.users().items():
+            result[buffer] = [r.name for r in readers]
+        return result
+
+    def _indirect_reads(self) -> set[str]:
+        if not hasattr(self, "_indirect_cache"):
+            found = set()
+            for node in self.nodes.values():
+                for load in loads(node.body):
+                    if load.is_indirect:
+                        found.add(load.buffer)
+                    for entry in load.index:
+                        if isinstance(entry, Expr):
+                            found |= {l.buffer for l in loads(entry)}
+            self._indirect_cache = found
+        return self._indirect_cache
+
+    def inlinable(self, name: str) -> Pointwise | None:
+        node = self.nodes.get(name)
+        if isinstance(node, Pointwise) and name not in self.realized:
+            return node
+        return None
+
+    # -- step 2: group -------------------------------------------------------------------
+    def add_extern(self, node: Extern) -> None:
+        item = ExternKernel(node)
+        self._register(item, set(node.reads()))
+        for out in node.outputs:
+            self.kernel_of[out.name] = item
+
+    def add_node(self, node: Pointwise | Reduction, worth_fusing) -> None:
+        origins: set[str] = set()
+        own_body = inline_producers(node.body, self.inlinable, lambda p: origins.add(p.origin))
+        reads = {load.buffer for load in loads(own_body)}
+        for kernel in self._candidates(reads):
+            decision = self._try_join(node, own_body, reads, kernel, worth_fusing)
+            self.decisions.append(decision.about(node.name, kernel.name))
+            if decision:
+                self._finish_join(node, kernel, reads, origins)
+                return
+        kernel = FusedKernel(f"kernel{len(self.kernels())}", placing.non_unit(node.shape))
+        result = placing.place(node, kernel)
+        member = placing.apply(kernel, node, result)
+        member.own_body = own_body
+        self._register(kernel, reads)
+        self._finish_join(node, kernel, set(), origins)
+
+    def kernels(self) -> list[FusedKernel]:
+        return [i for i in self.items if isinstance(i, FusedKernel)]
+
+    def _candidates(self, reads: set[str]) -> list[FusedKernel]:
+        """Kernels that write what the node reads, then kernels that read the same buffers."""
+        found: list[FusedKernel] = []
+        for name in reads:
+            item = self.kernel_of.get(name)
+            if isinstance(item, FusedKernel) and item not in found:
+                found.append(item)
+        for name in reads:
+            for item in self.readers.get(name, []):
+                if isinstance(item, FusedKernel) and item not in found:
+                    found.append(item)
+        return sorted(found, key=lambda k: -self.items.index(k))
+
+    def _try_join(self, node, own_body: Expr, reads: set[str], kernel: FusedKernel, worth_fusing) -> FusionDecision:
+        result = placing.place(node, kernel)
+        if isinstance(result, FusionDecision):
+            return result
+        if self._would_cycle(reads, kernel):
+            return FusionDecision.no("a buffer it reads is computed after this kernel by another kernel")
+        problem = _in_kernel_read_problem(own_body, result.var_map, kernel, result)
+        if problem:
+            return FusionDecision.no(problem)
+        shares = bool(reads & (self.reads_of[id(kernel)] | set(kernel.node_names)))
+        decision = worth_fusing(shares, kernel)
+        if decision:
+            member = placing.apply(kernel, node, result)
+            member.own_body = own_body
+        return decision
+
+    def _finish_join(self, node, kernel: FusedKernel, reads: set[str], origins: set[str]) -> None:
+        self.kernel_of[node.name] = kernel
+        self.inlined_origins.setdefault(id(kernel), set()).update(origins)
+        self._add_reads(kernel, reads)
+
+    def _register(self, item: ScheduledItem, reads: set[str]) -> None:
+        self.items.append(item)
+        self.reads_of[id(item)] = set()
+        self._add_reads(item, reads)
+
+    def _add_reads(self, item: ScheduledItem, reads: set[str]) -> None:
+        own = set(item.node_names) if isinstance(item, FusedKernel) else set()
+        for name in reads - own:
+            if name not in self.reads_of[id(item)]:
+                self.reads_of[id(item)].add(name)
+                self.readers.setdefault(name, []).append(item)
+
+    def _would_cycle(self, reads: set[str], kernel: FusedKernel) -> bool:
+        """True if something the node reads depends (through other items) on ``kernel``."""
+        sources = {self.kernel_of.get(name) for name in reads} - {None, kernel}
+        return any(self._depends_on(item, kernel, set()) for item in sources)
+
+    def _depends_on(self, item: ScheduledItem, target: ScheduledItem, seen: set[int]) -> bool:
+        if item is target:
+            return True
+        if id(item) in seen:
+            return False
+        seen.add(id(item))
+        producers = {self.kernel_of.get(name) for name in self.reads_of[id(item)]} - {None, item}
+        return any(self._depends_on(p, target, seen) for p in producers)
+
+    # -- step 3: stores and order --------------------------------------------------------
+    def mark_stores(self) -> None:
+        outputs = self.graph.output_names()
+        for kernel in self.kernels():
+            for member in kernel.members:
+                outside = [r for r in self.readers.get(member.node.name, []) if r is not kernel]
+                member.stored = member.node.name in outputs or bool(outside)
+            kernel.inlined_origins = sorted(self.inlined_origins.get(id(kernel), set()))
+
+    def ordered_items(self) -> list[ScheduledItem]:
+        """Topological order of the items, keeping creation order where free."""
+        remaining = list(self.items)
+        done: set[int] = set()
+        ordered: list[ScheduledItem] = []
+        while remaining:
+            for item in remaining:
+                producers = {self.kernel_of.get(n) for n in self.reads_of[id(item)]} - {None, item}
+                if all(id(p) in done for p in producers):
+                    ordered.append(item)
+                    done.add(id(item))
+                    remaining.remove(item)
+                    break
+            else:
+                raise RuntimeError("scheduler produced a dependency cycle (a torchfuse bug)")
+        return ordered
+
+
+def _in_kernel_read_problem(own_body: Expr, var_map: dict, kernel: FusedKernel, placement) -> str | None:
+    """Reads of this kernel's reductions must be of the current row; say why not if not."""
+    members = {m.node.name: m for m in kernel.members}
+    maps = {name: (placement.remapped[name][0] if placement.remapped else m.var_map) for name, m in members.items()}
+    body = substitute_index(own_body, var_map)
+    pending = [body]
+    visited = 0
+    while pending and visited < 64:
+        expr = pending.pop()
+        visited += 1
+        for load in loads(expr):
+            member = members.get(load.buffer)
+            if member is None:
+                continue
+            if isinstance(member.node, Reduction):
+                row = tuple(maps[load.buffer].get(v, v) for v in member.node.vars)
+                if tuple(load.index) != row:
+                    return f"reads reduction {load.buffer} at {load.index}, not at the current row"
+            else:
+                inner = getattr(member, "own_body", member.node.body)
+                pending.append(substitute_index(inner, dict(zip(member.node.vars, load.index))))
+    return None

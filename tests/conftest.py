@@ -1,0 +1,84 @@
+"""Shared test helpers: compile through Triton (interpreter on CPU), compare with float64."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+import torchfuse
+
+# Generated kernels go to a per-session cache so tests never see a stale one.
+os.environ.setdefault("TORCHFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="torchfuse-test-cache-"))
+
+HAS_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_GPU else "cpu"
+
+TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 2e-2, torch.bfloat16: 3e-2}
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    torchfuse.reset()
+    yield
+    torchfuse.reset()
+
+
+def compile_strict(fn, **kwargs):
+    """Compile with Triton codegen forced, failing loudly on any internal error."""
+    options = {"target": "triton", "strict": True}
+    options.update(kwargs.pop("options", {}))
+    return torchfuse.compile(fn, options=options, **kwargs)
+
+
+def to_float64(value):
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().to(torch.float64)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_float64(v) for v in value)
+    return value
+
+
+def assert_close(actual, expected, dtype=None, reference=None):
+    """``actual`` vs ``expected`` (eager) with the float64 ``reference`` deciding the tolerance.
+
+    Passes when the compiled result is as close to the float64 result as eager is, up to
+    the dtype's tolerance. NaN must appear exactly where eager has NaN.
+    """
+    if isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected)
+        refs = reference if reference is not None else [None] * len(expected)
+        for a, e, r in zip(actual, expected, refs):
+            assert_close(a, e, dtype, r)
+        return
+    if not isinstance(expected, torch.Tensor):
+        assert actual == expected
+        return
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    if not expected.is_floating_point():
+        assert torch.equal(actual.cpu(), expected.cpu()), f"{actual} != {expected}"
+        return
+    nan_expected = torch.isnan(expected)
+    assert torch.equal(torch.isnan(actual), nan_expected), "NaN where eager has none (or the reverse)"
+    tol = TOLERANCE[dtype or expected.dtype]
+    ref = (reference if reference is not None else expected).to(torch.float64)
+    a, e = actual.to(torch.float64), expected.to(torch.float64)
+    finite = ~nan_expected & torch.isfinite(ref)
+    assert torch.equal(actual[~finite & ~nan_expected].to(torch.float64), e[~finite & ~nan_expected])
+    scale = ref[finite].abs().max().item() if finite.any() else 1.0
+    error = (a[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0
+    eager_error = (e[finite] - ref[finite]).abs().max().item() if finite.any() else 0.0
+    assert error <= max(2 * eager_error, tol * max(scale, 1.0)), f"max error {error:.3g} (eager {eager_error:.3g}, scale {scale:.3g})"
+
+
+def generated_kernel_count() -> int:
+    return sum(len(g.generated_kernels) for g in torchfuse.report().graphs)
