@@ -16,6 +16,7 @@ class Options:
     dump: tuple[str, ...] = ()  # stages whose output is printed: see STAGES
     mode: str = "default"
     cache_dir: str | None = None
+    check: bool = False  # also run each graph with ATen and compare (slow; for debugging)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod

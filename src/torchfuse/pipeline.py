@@ -62,6 +62,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
             graph_report.stage_seconds[name] = time.perf_counter() - started
             _dump(name, state)
         call = state.call
+        if options.check or os.environ.get("TORCHFUSE_CHECK") == "1":
+            call = _checked(call, gm, graph_report.name)
     except Exception as error:  # noqa: BLE001 - any internal failure falls back to ATen
         if options.strict:
             raise
@@ -87,6 +89,32 @@ def _run_with_aten(gm: torch.fx.GraphModule) -> Callable:
         return gm(*values)
 
     return call
+
+
+def _checked(call: Callable, gm: torch.fx.GraphModule, name: str) -> Callable:
+    """Run the graph with ATen too and compare every output (the ``check`` option)."""
+
+    def run(args: list) -> Any:
+        values = list(args)
+        expected = gm(*values)
+        actual = call(list(values))
+        args.clear()
+        for position, (a, e) in enumerate(zip(actual, expected)):
+            if isinstance(e, torch.Tensor) and not _matches(a, e):
+                raise AssertionError(f"torchfuse {name}: output {position} differs from ATen "
+                                     f"(max abs diff {(a.double() - e.double()).abs().max().item():.3g})")
+        return actual
+
+    return run
+
+
+def _matches(actual: Any, expected: torch.Tensor) -> bool:
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return False
+    if not expected.is_floating_point():
+        return torch.equal(actual, expected)
+    tol = 1e-2 if expected.dtype in (torch.float16, torch.bfloat16) else 1e-4
+    return torch.allclose(actual.double(), expected.double(), rtol=tol, atol=tol, equal_nan=True)
 
 
 def _dump(stage: str, state: CompileState) -> None:

@@ -125,7 +125,8 @@ def _lower_output(ctx: LoweringContext, out: Any, env: dict) -> GraphOutput:
     if not isinstance(value, TensorValue):
         return GraphOutput(None, constant=value)
     meta = out.meta.get("val")
-    if value.is_identity and _layout_is_free(ctx, value.buffer) and isinstance(meta, torch.Tensor):
+    whole = value.is_identity and value.shape == ctx.graph.buffers[value.buffer].shape
+    if whole and _layout_is_free(ctx, value.buffer) and isinstance(meta, torch.Tensor):
         buffer = ctx.graph.buffers[value.buffer]
         if _is_dense(buffer.shape, strides_of(meta)):
             # Return the layout eager returns (a transposed or channels-last result stays so).

@@ -54,4 +54,5 @@ class TensorValue:
 
     @property
     def is_identity(self) -> bool:
+        """True when element i is buffer element i (the buffer may still be larger)."""
         return self.index_map == self.vars

@@ -136,8 +136,10 @@ class WrapperWriter:
             inner = ", ".join(self._extern_value(v) for v in value)
             return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
         if isinstance(value, sympy.Expr):
-            return py(value) if value.is_integer or not value.is_number else repr(float(value))
-        if isinstance(value, (bool, int, float, str, type(None))):
+            return py(value) if value.is_integer or not value.is_number else self._extern_value(float(value))
+        if isinstance(value, float):
+            return repr(value) if value == value and abs(value) != float("inf") else f"float('{value}')"
+        if isinstance(value, (bool, int, str, type(None))):
             return repr(value)
         return self._const(value, "const")
 

@@ -145,7 +145,7 @@ class ExpressionWriter:
             return self.value(resolved, scope)
         buffer = self.buffers[expr.buffer]
         offset_terms, loop_vars = [], set()
-        direct = sympy.Integer(0) + buffer.offset
+        direct = sympy.Integer(0)  # relative to data_ptr(), which includes the storage offset
         for entry, stride in zip(expr.index, buffer.strides):
             if isinstance(entry, Expr):
                 gathered = self.tensor(entry, scope)
@@ -158,7 +158,8 @@ class ExpressionWriter:
         loop_vars |= {s.name[0] for s in direct.free_symbols if s.name[:1] in "xr"}
         offset = " + ".join([self.index_text(direct)] + offset_terms)
         mask = self.mask_for(loop_vars)
-        text = f"tl.load({self.pointer_of(expr.buffer)} + ({offset}){mask}, other=0)"
+        other = ", other=0" if mask else ""
+        text = f"tl.load({self.pointer_of(expr.buffer)} + ({offset}){mask}{other})"
         if buffer.dtype == torch.bool:
             text += ".to(tl.int1)"
         elif compute_dtype(buffer.dtype) != buffer.dtype:

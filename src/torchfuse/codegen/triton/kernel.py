@@ -232,11 +232,16 @@ class KernelRenderer:
         node = member.node
         buffer = self.buffers[node.name]
         index = tuple(member.var_map.get(v, v) for v in node.vars)
-        offset = simplify_index(buffer.flat_offset(index).xreplace(self.flat))
+        offset = simplify_index((buffer.flat_offset(index) - buffer.offset).xreplace(self.flat))
         target = tl_dtype(node.dtype) if node.dtype != torch.bool else "tl.int1"
         shape = "[XBLOCK, RBLOCK]" if mask == "xmask & rmask" else ("[XBLOCK, 1]" if self.is_reduction else "[XBLOCK]")
         text = f"tl.broadcast_to({value}, {shape}).to({target})"
-        scope.emit(f"tl.store({self._pointer(node.name)} + ({self.writer.index_text(offset)}), {text}, {mask})")
+        # The pointer block must have the mask's shape even where the address is constant.
+        used = {s.name for s in offset.free_symbols}
+        pad = "" if "xindex" in used else " + 0 * xindex"
+        if mask == "xmask & rmask" and "rindex" not in used:
+            pad += " + 0 * rindex"
+        scope.emit(f"tl.store({self._pointer(node.name)} + ({self.writer.index_text(offset)}){pad}, {text}, {mask})")
 
     def _finish(self, lines: list[str]) -> TritonKernel:
         pointer_args = list(self.pointers)

@@ -234,7 +234,7 @@ def as_strided(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, size: 
                storage_offset: Any = None) -> Any:
     """An index map when ``x`` is a whole buffer; otherwise run as an ATen call."""
     buffer = ctx.graph.buffers[x.buffer]
-    if not x.is_identity or buffer.strides != contiguous_strides(buffer.shape):
+    if not x.is_identity or x.shape != buffer.shape or buffer.strides != contiguous_strides(buffer.shape):
         return NotImplemented
     offset = sympy.sympify(storage_offset if storage_offset is not None else buffer.offset)
     new_shape = output_shape(node)
