@@ -127,8 +127,10 @@ class ExpressionWriter:
 
     def _emit_cast(self, expr: Cast, scope: Scope) -> Value:
         inner = self.value(expr.value, scope)
-        if not inner.is_tensor:
+        if not inner.is_tensor and _is_literal(inner.text):
             return Value(_literal(_python_value(inner.text), expr.dtype), False)
+        if not inner.is_tensor:  # a size argument: make it a tensor to convert it
+            inner = Value(self.tensor(expr.value, scope), True)
         if expr.dtype == torch.bool:
             return self._assign(f"({inner.text} != 0)", True, scope)
         target = compute_dtype(expr.dtype)
@@ -205,6 +207,14 @@ def _literal(value, dtype: torch.dtype) -> str:
             return f'float("{value}")'
         return repr(value)
     return str(int(value))
+
+
+def _is_literal(text: str) -> bool:
+    try:
+        _python_value(text)
+        return True
+    except NameError:
+        return False
 
 
 def _python_value(text: str):
