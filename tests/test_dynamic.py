@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import torchfuse
-from conftest import assert_close, compile_strict
+from conftest import DEVICE, assert_close, compile_strict
 from torchfuse.runtime import kernel_cache
 
 
@@ -16,9 +16,9 @@ def block(x, w):
 
 def test_dynamic_batch_and_sequence_dims():
     compiled = compile_strict(block, dynamic=True)
-    w = torch.randn(48)
+    w = torch.randn(48, device=DEVICE)
     for batch, seq in [(2, 5), (3, 7), (4, 11)]:
-        x = torch.randn(batch, seq, 48)
+        x = torch.randn(batch, seq, 48, device=DEVICE)
         assert_close(compiled(x, w), block(x, w), reference=block(x.double(), w.double()))
     assert len(torchfuse.report().graphs) == 1  # one graph served every shape
 
@@ -31,9 +31,9 @@ def test_recompile_for_new_shape_reuses_compiled_kernels():
         return y
 
     compiled = compile_strict(fn, dynamic=True)
-    compiled(torch.randn(3, 7))
+    compiled(torch.randn(3, 7, device=DEVICE))
     first = kernel_cache.stats.compiled
-    compiled(torch.randn(6, 7))  # new graph (the branch), same softmax kernel source
+    compiled(torch.randn(6, 7, device=DEVICE))  # new graph (the branch), same softmax kernel source
     assert len(torchfuse.report().graphs) == 2
     new_sources = kernel_cache.stats.compiled - first
     # The second graph adds only the kernel for `* 2` fused after softmax, or nothing new for
@@ -41,5 +41,5 @@ def test_recompile_for_new_shape_reuses_compiled_kernels():
     assert new_sources <= 1
     before = kernel_cache.stats.compiled
     torchfuse.reset()
-    compile_strict(fn, dynamic=True)(torch.randn(2, 9))  # a fresh compile of a seen graph
+    compile_strict(fn, dynamic=True)(torch.randn(2, 9, device=DEVICE))  # a fresh compile of a seen graph
     assert kernel_cache.stats.compiled == before

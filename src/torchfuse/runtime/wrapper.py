@@ -164,6 +164,8 @@ def _contiguous(buffer: Buffer):
 
 def ensure_layout(tensor: torch.Tensor, shape: tuple, strides: tuple) -> torch.Tensor:
     """Kernels index extern outputs with the strides tracing predicted; enforce them."""
+    if tensor is None:  # optional outputs (attention's debug tensors) may be absent
+        return None
     if tuple(tensor.shape) == shape and (tensor.stride() == strides or tensor.numel() <= 1):
         return tensor
     out = torch.empty_strided(shape, strides, dtype=tensor.dtype, device=tensor.device)

@@ -244,6 +244,8 @@ def _in_kernel_read_problem(own_body: Expr, var_map: dict, kernel: FusedKernel, 
             member = members.get(load.buffer)
             if member is None:
                 continue
+            if load.is_indirect:  # other lanes' values of a buffer computed here are not visible
+                return f"reads {load.buffer} through a gathered index: it must be stored by an earlier kernel"
             if isinstance(member.node, Reduction):
                 row = tuple(maps[load.buffer].get(v, v) for v in member.node.vars)
                 if tuple(load.index) != row:
