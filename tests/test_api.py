@@ -81,3 +81,14 @@ def test_column_reduction_fuses_with_its_broadcast_consumer():
     x = torch.randn(6, 5)
     torch.testing.assert_close(compile_strict(fn)(x), fn(x))
     assert len(torchfuse.report().graphs[0].generated_kernels) == 1
+
+
+def test_graph_without_inputs_and_lifted_constants():
+    from conftest import DEVICE
+
+    assert torch.equal(compile_strict(lambda: torch.arange(5) * 2)(), torch.arange(5) * 2)
+    x = torch.randn(7, device=DEVICE)
+    table = torch.linspace(-1, 1, 7, device=DEVICE)
+    fn = lambda t: torch.where(t > 0, t, torch.tensor(0.0, device=DEVICE)) + table  # noqa: E731
+    torch.testing.assert_close(compile_strict(fn)(x), fn(x))
+    assert not torchfuse.report().graphs[-1].fallbacks

@@ -61,3 +61,11 @@ def shape_env_of(example_inputs: list[Any]) -> Any | None:
         elif is_symbolic(value):
             return value.node.shape_env
     return None
+
+
+def constant_value(tensor: torch.Tensor):
+    """The Python value of a real 0-dim constant, read outside the compile-time fake mode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return tensor.item()

@@ -157,6 +157,7 @@ class Graph:
     buffers: dict[str, Buffer] = field(default_factory=dict)
     outputs: list[GraphOutput] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)  # ATen ops run as Extern without a rule
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # tensors held by the graph
     name: str = "graph"
 
     def node(self, name: str) -> Node | None:

@@ -42,7 +42,7 @@ def lower(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
         elif node.op == "output":
             graph.outputs = [_lower_output(ctx, out, env) for out in _flatten_outputs(node.args[0])]
         elif node.op == "get_attr":
-            raise NotImplementedError(f"get_attr node {node.target} (lift parameters as inputs)")
+            env[node] = _lower_constant(ctx, node.name, getattr(gm, node.target))
     return graph
 
 
@@ -66,6 +66,20 @@ def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, position: int)
     if isinstance(expr, sympy.Symbol):
         ctx.graph.size_sources[expr] = (position, None)
     return expr
+
+
+def _lower_constant(ctx: LoweringContext, name: str, tensor: torch.Tensor) -> TensorValue:
+    """A tensor the graph holds (a lifted constant): a scalar is inlined, else a buffer."""
+    from torchfuse.frontend.symbolic import constant_value
+    from torchfuse.ir.expr import Const
+
+    if tensor.dim() == 0:
+        value = constant_value(tensor)
+        return ctx.pointwise((), tensor.dtype, tensor.device, lambda idx: Const(tensor.dtype, value))
+    buffer = Buffer(name, shape_of(tensor), tensor.dtype, tensor.device, strides_of(tensor), offset_of(tensor))
+    ctx.add_buffer(buffer)
+    ctx.graph.constants[name] = tensor
+    return TensorValue.of_buffer(name, buffer.shape, tensor.dtype, tensor.device)
 
 
 def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:

@@ -44,7 +44,8 @@ class WrapperWriter:
 
     def write(self) -> str:
         names = [b.name for b in self.graph.inputs]
-        self.emit(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
+        if names:
+            self.emit(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
         self.emit("args.clear()")
         for symbol, (position, dim) in sorted(self.graph.size_sources.items(), key=lambda kv: kv[0].name):
             source = names[position]
@@ -182,6 +183,7 @@ def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel]
         "empty_strided": torch.empty_strided, "as_strided": torch.as_strided, "ensure_layout": ensure_layout,
         "launch_pointwise": launch_pointwise, "launch_reduction": launch_reduction, "max": max, "min": min,
     }
+    namespace.update(graph.constants)  # lifted tensor constants, by buffer name
     for name, value in writer.constants.items():
         if isinstance(value, TritonKernel):
             value = _Launchable(launchers[value.name])

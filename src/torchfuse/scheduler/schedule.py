@@ -63,6 +63,7 @@ class _SchedulerState:
         self.readers: dict[str, list[ScheduledItem]] = {}  # stored buffer -> items reading it
         self.reads_of: dict[int, set[str]] = {}  # id(item) -> stored buffers it reads
         self.inlined_origins: dict[int, set[str]] = {}
+        self._indirect_cache: set[str] | None = None
 
     # -- step 1: realize or inline ------------------------------------------------------
     def decide_realized(self, should_realize) -> None:
@@ -98,16 +99,12 @@ class _SchedulerState:
         return result
 
     def _indirect_reads(self) -> set[str]:
-        if not hasattr(self, "_indirect_cache"):
-            found = set()
-            for node in self.nodes.values():
-                for load in loads(node.body):
-                    if load.is_indirect:
-                        found.add(load.buffer)
-                    for entry in load.index:
-                        if isinstance(entry, Expr):
-                            found |= {l.buffer for l in loads(entry)}
-            self._indirect_cache = found
+        """Buffers read through a gathered index (they must be stored). Buffers only used to
+        compute an index are not in the set: they are recomputed inside the index expression."""
+        if self._indirect_cache is None:
+            self._indirect_cache = {
+                load.buffer for node in self.nodes.values() for load in loads(node.body) if load.is_indirect
+            }
         return self._indirect_cache
 
     def inlinable(self, name: str) -> Pointwise | None:
