@@ -25,7 +25,7 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
 
         return compile_one
 
-    return aot_autograd(
+    compile_with_aot = aot_autograd(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
@@ -35,3 +35,26 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
         partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,
     )
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        if options.target == "auto" and not _any_cuda(example_inputs):
+            return _run_eagerly(gm)
+        return compile_with_aot(gm, example_inputs)
+
+    return backend
+
+
+def _any_cuda(values: list[Any]) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values)
+
+
+def _run_eagerly(gm: torch.fx.GraphModule) -> Callable:
+    """CPU graphs run Dynamo's graph as captured (eager speed) until the C++ target exists;
+    decomposing them first would only add ops. The report records it."""
+    from torchfuse.diagnostics import report as reports
+
+    graph_report = reports.GraphReport(reports.next_graph_name(), "eager", "aten")
+    graph_report.aten_ops = [str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    graph_report.error = None
+    reports.record(graph_report)
+    return gm.forward
