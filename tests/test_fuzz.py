@@ -61,8 +61,9 @@ def run_program(steps: list[Step], x: torch.Tensor, y: torch.Tensor) -> torch.Te
         if step.kind == "unary":
             x = UNARY[step.name](x)
         elif step.kind == "binary":
-            other = y if step.arg == 0 else y[..., :1]  # same shape, or broadcast over the last dim
-            other = other if other.dim() == x.dim() and other.shape[0] == x.shape[0] else x.flip(-1)
+            other = y if y.shape == x.shape else x.flip(-1)  # an operand of x's shape
+            if step.arg == 1 and x.dim() >= 1:
+                other = other[..., :1]  # broadcast over the last dim
             x = BINARY[step.name](x, other.to(x.dtype))
         elif step.kind == "scalar":
             x = x + step.arg if step.name == "add" else x * (step.arg + 0.5)
