@@ -1,4 +1,10 @@
-"""Shared test helpers: compile through Triton (interpreter on CPU), compare with float64."""
+"""Shared test helpers: compile with the test target (C++ on CPU, Triton on GPU), compare with float64.
+
+``compile_strict`` compiles for ``TEST_TARGET``: ``$TORCHFUSE_TEST_TARGET`` if set, else
+``triton`` with a GPU (or without a C++ compiler) and ``cpp`` on CPU-only machines (CI).
+On those, the modules in ``TRITON_TOO`` run twice, ``[cpp]`` and ``[triton]`` (Triton's interpreter),
+so the Triton renderer stays tested without a GPU while the whole suite runs on C++.
+"""
 from __future__ import annotations
 
 import os
@@ -15,6 +21,18 @@ os.environ.setdefault("TORCHFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="torchfuse-
 HAS_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_GPU else "cpu"
 
+
+def _default_target() -> str:
+    from torchfuse.runtime.cpp_build import compiler_available
+
+    return "triton" if HAS_GPU or not compiler_available() else "cpp"
+
+
+TEST_TARGET = os.environ.get("TORCHFUSE_TEST_TARGET") or _default_target()
+# The renderer-level tests (every op, reduction and gather): also through Triton's interpreter.
+TRITON_TOO = {"test_elementwise.py", "test_reductions.py", "test_indexing.py", "test_patterns.py"}
+_target = [TEST_TARGET]  # the target of the running test (see the compile_target fixture)
+
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 2e-2, torch.bfloat16: 3e-2}
 
 
@@ -25,6 +43,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+def pytest_generate_tests(metafunc):
+    module = os.path.basename(str(metafunc.module.__file__))
+    if TEST_TARGET == "cpp" and module in TRITON_TOO and "compile_target" in metafunc.fixturenames:
+        metafunc.parametrize("compile_target", ["cpp", "triton"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def compile_target(request):
+    """The target ``compile_strict`` uses in this test (parametrized for ``TRITON_TOO``)."""
+    _target[0] = getattr(request, "param", TEST_TARGET)
+    yield _target[0]
+    _target[0] = TEST_TARGET
+
+
 @pytest.fixture(autouse=True)
 def fresh_state():
     torchfuse.reset()
@@ -33,8 +65,15 @@ def fresh_state():
 
 
 def compile_strict(fn, **kwargs):
-    """Compile with Triton codegen forced, failing loudly on any internal error."""
-    options = {"target": "triton", "strict": True}
+    """Compile with the test's target forced (see ``TEST_TARGET``), failing loudly on any internal error."""
+    options = {"target": _target[0], "strict": True}
+    options.update(kwargs.pop("options", {}))
+    return torchfuse.compile(fn, options=options, **kwargs)
+
+
+def compile_cpp(fn, **kwargs):
+    """Compile for the C++ target (on any machine), failing loudly on any internal error."""
+    options = {"target": "cpp", "strict": True}
     options.update(kwargs.pop("options", {}))
     return torchfuse.compile(fn, options=options, **kwargs)
 

@@ -1,7 +1,7 @@
 """torchfuse: a fusion compiler backend for torch.compile (ATen -> loop IR -> fused kernels)."""
-from torchfuse.api import backend, compile, report, reset
+from torchfuse.api import backend, compile, explain, report, reset, warmup
 
-__all__ = ["backend", "compile", "report", "reset"]
+__all__ = ["backend", "compile", "explain", "report", "reset", "warmup"]
 __version__ = "0.1.0"
 
 

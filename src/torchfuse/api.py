@@ -1,4 +1,4 @@
-"""The public API: ``compile``, ``backend``, ``report`` and ``reset``."""
+"""The public API: ``compile``, ``backend``, ``report``, ``reset``, ``explain`` and ``warmup``."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -39,6 +39,23 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) 
 def report() -> reports.Report:
     """What torchfuse compiled in this process: graphs, kernels, refused fusions, fallbacks."""
     return reports.report()
+
+
+def explain(fn_or_model: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn_or_model(*args, **kwargs)`` once under compilation; return an ``ExplainResult``
+    with the graphs, each graph break (reason, file:line, the line, a fix), ATen fallbacks and
+    the fusion summary. ``str()`` of it is a readable report (see ``diagnostics/explain.py``)."""
+    from torchfuse.diagnostics.explain import explain as run_explain
+
+    return run_explain(fn_or_model, *args, **kwargs)
+
+
+def warmup(compiled: Callable, example_inputs_list: list[Any], backward: bool = False) -> Any:
+    """Compile ahead for each example's shapes; return a ``WarmupReport`` of what was compiled
+    (see ``diagnostics/warmup.py``)."""
+    from torchfuse.diagnostics.warmup import warmup as run_warmup
+
+    return run_warmup(compiled, example_inputs_list, backward=backward)
 
 
 def reset() -> None:

@@ -2,9 +2,11 @@
 
 Subcommands:
     demo   compile a LLaMA-style block, check it against eager, print the report and timings.
+    doctor run a script unchanged with every torch.compile observed; report pitfalls and fixes.
+    bench  the CPU benchmark suite: eager vs Inductor vs torchfuse (benchmarks/cpu_suite.py).
 
-Each subcommand is an `_add_<name>` function that registers its parser and sets `func`, so a later
-`bench` (or `doctor`) subcommand is one more such function and one line in `build_parser`.
+Each subcommand is an `_add_<name>` function that registers its parser and sets `func`; a new
+subcommand is one more such function and one line in `build_parser`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchfuse", description="torchfuse: a fusion compiler for torch.compile")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_demo(sub)
+    _add_doctor(sub)
+    _add_bench(sub)
     return parser
 
 
@@ -72,6 +76,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=_positive_int, default=None,
                    help="timed runs per backend, after warm-up (default: 20 on cuda, 10 on cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and input (default: 0)")
+    p.add_argument("--no-bench", action="store_true",
+                   help="on a CPU, skip the CPU benchmark suite that follows the demo")
     p.set_defaults(func=run_demo)
 
 
@@ -119,6 +125,9 @@ def run_demo(args: argparse.Namespace) -> int:
         eager_ms = median_ms(lambda: model(x), device, steps)
         fused_ms = median_ms(lambda: compiled(x), device, steps)
     _print_timings(eager_ms, fused_ms, device, steps)
+    if device.type == "cpu" and not getattr(args, "no_bench", False):
+        print("\nNo GPU here: the CPU benchmark suite follows (`torchfuse bench`; --no-bench skips it).\n", flush=True)
+        return run_bench(argparse.Namespace(bench_args=[]))
     return 0
 
 
@@ -148,6 +157,59 @@ def _print_comparison(cmp: Comparison) -> None:
     nan_note = "" if cmp.finite else " (output has NaN or Inf)"
     print(f"torchfuse vs eager: max abs err {cmp.max_abs:.3e}, max rel err {cmp.max_rel:.3e} "
           f"(tolerance {cmp.tolerance:.0e}): {verdict}{nan_note}")
+
+
+# -------------------------------------------------------------------------------------------- doctor
+
+
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="run a script with every torch.compile observed; report pitfalls",
+                       description="Run SCRIPT unchanged with every torch.compile / torchfuse.compile in it "
+                                   "observed, then report graph breaks, recompiles, the recompile limit, "
+                                   "compile time against run time, and kernels per graph, with fixes.")
+    p.add_argument("--html", metavar="PATH", help="also write the HTML fusion report to PATH")
+    p.add_argument("--backend", choices=["torchfuse"], default=None,
+                   help="compile plain torch.compile calls with this backend too")
+    p.add_argument("--baseline", action="store_true",
+                   help="run the script once more without compiling, to measure eager time per call")
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(func=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from torchfuse.diagnostics.doctor import run_script
+
+    result = run_script(args.script, args.args, html=args.html, backend=args.backend, baseline=args.baseline)
+    result.render()
+    return result.exit_code
+
+
+# --------------------------------------------------------------------------------------------- bench
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="CPU benchmark suite: eager vs Inductor vs torchfuse",
+                       description="Run benchmarks/cpu_suite.py: eager, torch.compile (Inductor) and torchfuse "
+                                   "side by side on the CPU; arguments after `bench` go to the suite "
+                                   "(--quick, --cases, --repeats, --threads; see its --help).")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for benchmarks/cpu_suite.py")
+    p.set_defaults(func=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Load the suite from the repository (benchmarks/ is not installed with the package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_suite.py"
+    if not path.exists():
+        print(f"torchfuse bench: {path} not found; run it from a checkout of the repository", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("torchfuse_cpu_suite", path)
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    return suite.main(list(args.bench_args))
 
 
 # -------------------------------------------------------------------------------------------- timing

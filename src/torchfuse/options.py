@@ -5,13 +5,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-TARGETS = ("auto", "triton", "aten")
+TARGETS = ("auto", "triton", "cpp", "aten")
 STAGES = ("aten", "ir", "schedule", "kernels", "wrapper")
 
 
 @dataclass(frozen=True)
 class Options:
-    target: str = "auto"  # "triton" forces Triton (its interpreter on CPU tensors)
+    target: str = "auto"  # "triton" forces Triton (its interpreter on CPU tensors); "cpp": C++ (CPU)
     strict: bool = False  # raise on internal compile errors instead of running ATen
     dump: tuple[str, ...] = ()  # stages whose output is printed: see STAGES
     mode: str = "default"

@@ -36,8 +36,10 @@ class CompileState:
 def choose_target(example_inputs: list[Any], options: Options) -> str:
     if options.target != "auto":
         return options.target
-    on_gpu = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
-    return "triton" if on_gpu else "aten"  # CPU runs ATen until the C++ target exists
+    devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)}
+    if "cuda" in devices:
+        return "triton"
+    return "cpp" if devices <= {"cpu"} else "aten"  # C++ for CPU tensors; ATen for other devices
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str, options: Options) -> Callable:
@@ -154,18 +156,33 @@ def stage_schedule(state: CompileState) -> None:
     from torchfuse.scheduler.kernel import FusedKernel
     from torchfuse.scheduler.schedule import schedule
 
+    from torchfuse.diagnostics.traffic import TrafficCounter
+    from torchfuse.frontend.symbolic import shape_env_of
+
     state.plan = schedule(state.graph)
     state.report.decisions = [d for d in state.plan.decisions if not d.fused]
     state.report.fusions = [d for d in state.plan.decisions if d.fused]
+    # Bytes each kernel moves against eager's, for the report (sizes at the example inputs).
+    traffic = TrafficCounter(state.graph, state.plan.kernels, shape_env_of(state.example_inputs))
+    state.report.eager_bytes = traffic.graph_eager_bytes()
+    state.report.input_buffers = [b.name for b in state.graph.inputs]
+    state.report.output_buffers = [o.buffer for o in state.graph.outputs if o.buffer is not None]
     for item in state.plan.items:
         if isinstance(item, FusedKernel):
-            state.report.kernels.append(reports.KernelReport(item.name, item.kind, item.origins))
+            moved = traffic.fused(item)
+            kernel = reports.KernelReport(item.name, item.kind, item.origins)
         else:
-            state.report.kernels.append(reports.KernelReport(item.name, "extern", [str(item.node.target)]))
+            moved = traffic.extern(item.node)
+            kernel = reports.KernelReport(item.name, "extern", [str(item.node.target)])
+        kernel.reads, kernel.writes, kernel.eager_bytes = moved.reads, moved.writes, moved.eager_bytes
+        state.report.kernels.append(kernel)
 
 
 def stage_kernels(state: CompileState) -> None:
     if state.target == "aten":
+        return
+    if state.target == "cpp":
+        _cpp_kernels(state)
         return
     from torchfuse.codegen.triton.kernel import render_kernel
     from torchfuse.frontend.symbolic import shape_env_of, size_hint
@@ -187,6 +204,16 @@ def stage_kernels(state: CompileState) -> None:
         state.launchers[kernel.name] = load_kernel(rendered.source, rendered.name, interpret)
         by_name[kernel.name].source = module_source(rendered.source)
     del shape_env
+
+
+def _cpp_kernels(state: CompileState) -> None:
+    """Every kernel of the graph in one C++ translation unit: one compiler call, cached on disk."""
+    from torchfuse.runtime.cpp_build import build_graph_kernels
+
+    state.kernels, state.launchers = build_graph_kernels(state.plan.kernels, state.graph.buffers, state.report.name)
+    by_name = {k.name: k for k in state.report.kernels}
+    for name, kernel in state.kernels.items():
+        by_name[name].source = kernel.source
 
 
 def stage_wrapper(state: CompileState) -> None:

@@ -4,6 +4,7 @@ All torch-internal entry points used for capture live here (and in ``symbolic.py
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -37,9 +38,17 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
     )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        if options.target == "auto" and not _any_cuda(example_inputs):
+        if options.target == "auto" and not _any_cuda(example_inputs) and not _cpp_available():
             return _run_eagerly(gm)
-        return compile_with_aot(gm, example_inputs)
+        try:
+            return compile_with_aot(gm, example_inputs)
+        except Exception as error:  # noqa: BLE001 - aot_autograd itself failed: run as captured
+            if options.strict:
+                raise
+            warnings.warn(f"torchfuse: AOTAutograd could not trace a graph ({type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else ''}); running it as captured. "
+                          "Pass options={'strict': True} to raise.", stacklevel=2)
+            return _run_eagerly(gm, f"{type(error).__name__}: {error}")
 
     return backend
 
@@ -48,13 +57,25 @@ def _any_cuda(values: list[Any]) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values)
 
 
-def _run_eagerly(gm: torch.fx.GraphModule) -> Callable:
-    """CPU graphs run Dynamo's graph as captured (eager speed) until the C++ target exists;
-    decomposing them first would only add ops. The report records it."""
+def _cpp_available() -> bool:
+    """CPU graphs compile to C++ (the ``cpp`` target) when the machine has a C++ compiler."""
+    from torchfuse.runtime import cpp_build
+
+    if cpp_build.compiler_available():
+        return True
+    cpp_build.warn_once("torchfuse: no C++ compiler found (install g++ or set CXX); "
+                        "CPU graphs run unfused with ATen")
+    return False
+
+
+def _run_eagerly(gm: torch.fx.GraphModule, error: str | None = None) -> Callable:
+    """Without a C++ compiler, CPU graphs run Dynamo's graph as captured (eager speed);
+    decomposing them for ATen would only add ops. So does a graph aot_autograd fails on
+    (``error``). The report records it."""
     from torchfuse.diagnostics import report as reports
 
     graph_report = reports.GraphReport(reports.next_graph_name(), "eager", "aten")
     graph_report.aten_ops = [str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
-    graph_report.error = None
+    graph_report.error = error
     reports.record(graph_report)
     return gm.forward

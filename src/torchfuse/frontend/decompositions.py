@@ -22,6 +22,9 @@ EXTRA = [
     aten.mish, aten.logsumexp, aten.addcmul, aten.addcdiv, aten.lerp, aten._unsafe_index,
     aten.std, aten.std_mean, aten.native_batch_norm, aten._native_batch_norm_legit_functional,
     aten._native_batch_norm_legit_no_training, aten.native_batch_norm_backward,
+    # Eval-mode BatchNorm reaches aot as this mutating op; without its decomposition aot
+    # rejects the graph as not functional.
+    aten._native_batch_norm_legit,
 ]
 
 # Decompositions we do not want: these lower better (or must stay ATen calls) whole.

@@ -23,6 +23,8 @@ class FloorDiv(sympy.Function):
     def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
         if divisor == 1:
             return base
+        if divisor == 0:  # only from an empty range (a 0 size), where no index is evaluated
+            return sympy.Integer(0)
         if base == 0:
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer:
@@ -44,7 +46,7 @@ class ModIndex(sympy.Function):
 
     @classmethod
     def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
-        if divisor == 1 or base == 0:
+        if divisor == 1 or divisor == 0 or base == 0:  # divisor 0: see FloorDiv
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer:
             return sympy.Integer(int(base) % int(divisor))

@@ -11,6 +11,7 @@ from typing import Any
 import sympy
 import torch
 
+from torchfuse.codegen.cpp.kernel import CppKernel
 from torchfuse.codegen.triton.kernel import TritonKernel
 from torchfuse.codegen.triton.printer import print_index
 from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph
@@ -29,7 +30,7 @@ def _tuple(values) -> str:
 
 
 class WrapperWriter:
-    def __init__(self, graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel]) -> None:
+    def __init__(self, graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel | CppKernel]) -> None:
         self.graph = graph
         self.plan = plan
         self.kernels = kernels
@@ -50,6 +51,8 @@ class WrapperWriter:
         for symbol, (position, dim) in sorted(self.graph.size_sources.items(), key=lambda kv: kv[0].name):
             source = names[position]
             self.emit(f"{symbol.name} = {source}.size({dim})" if dim is not None else f"{symbol.name} = int({source})")
+        if any(isinstance(k, CppKernel) for k in self.kernels.values()):
+            self.emit("threads = get_num_threads()  # C++ kernels follow torch.set_num_threads")
         last_use = self._last_uses()
         for step, item in enumerate(self.plan.items):
             if isinstance(item, FusedKernel):
@@ -113,7 +116,13 @@ class WrapperWriter:
         args = compiled.pointer_args + [s.name for s in compiled.size_args]
         fn = self._const(compiled, "kernel")
         self.emit(f"# {kernel.name}: {', '.join(kernel.origins)}")
-        if compiled.kind == "reduction":
+        if isinstance(compiled, CppKernel):
+            # A ctypes call: raw pointers (data_ptr() includes the storage offset), int64
+            # sizes, the thread count. Empty loops make zero-size launches no-ops.
+            pointers = [f"{name}.data_ptr()" for name in compiled.pointer_args]
+            sizes = [s.name for s in compiled.size_args]
+            self.emit(f"{fn}({', '.join(pointers + sizes + ['threads'])})")
+        elif compiled.kind == "reduction":
             self.emit(f"launch_reduction({fn}.launcher, {compiled.persistent}, {py(compiled.xnumel)}, {py(compiled.rnumel)}, {', '.join(args)})")
         else:
             self.emit(f"launch_pointwise({fn}.launcher, {py(compiled.xnumel)}, {', '.join(args)})")
@@ -173,7 +182,8 @@ def ensure_layout(tensor: torch.Tensor, shape: tuple, strides: tuple) -> torch.T
     return out.copy_(tensor.reshape(shape))
 
 
-def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel], launchers: dict[str, Any]):
+def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel | CppKernel],
+                  launchers: dict[str, Any]):
     """Compile the wrapper source into a callable ``call(args)``; returns (call, source)."""
     from torchfuse.runtime.launch import launch_pointwise, launch_reduction
 
@@ -182,11 +192,14 @@ def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel]
     namespace: dict[str, Any] = {
         "empty_strided": torch.empty_strided, "as_strided": torch.as_strided, "ensure_layout": ensure_layout,
         "launch_pointwise": launch_pointwise, "launch_reduction": launch_reduction, "max": max, "min": min,
+        "get_num_threads": torch.get_num_threads,
     }
     namespace.update(graph.constants)  # lifted tensor constants, by buffer name
     for name, value in writer.constants.items():
         if isinstance(value, TritonKernel):
             value = _Launchable(launchers[value.name])
+        elif isinstance(value, CppKernel):
+            value = launchers[value.name]  # the ctypes function
         namespace[name] = value
     exec(compile(source, f"<torchfuse wrapper {graph.name}>", "exec"), namespace)
     return namespace["call"], source

@@ -7,7 +7,7 @@ from typing import Callable
 import sympy
 import torch
 
-from torchfuse.codegen.triton.ops import TRITON_OPS
+from torchfuse.codegen.triton.ops import OPERATOR_OPS, TRITON_OPS
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where
 from torchfuse.ir.graph import Buffer
@@ -119,7 +119,9 @@ class ExpressionWriter:
         if special is not None:
             return special
         args = [self.value(a, scope) for a in expr.args]
-        if not any(a.is_tensor for a in args):
+        if expr.name not in OPERATOR_OPS:
+            args = [Value(self.tensor(a, scope), True) for a in expr.args]
+        elif not any(a.is_tensor for a in args):
             args[0] = Value(self.tensor(expr.args[0], scope), True)
         operand_dtype = compute_dtype(expr.args[0].dtype)
         text = TRITON_OPS[expr.name](*[a.text for a in args], operand_dtype)
@@ -133,11 +135,12 @@ class ExpressionWriter:
             inner = Value(self.tensor(expr.value, scope), True)
         if expr.dtype == torch.bool:
             return self._assign(f"({inner.text} != 0)", True, scope)
+        if expr.dtype in (torch.float16, torch.bfloat16):
+            return self._assign(_round_to_half(inner.text, compute_dtype(expr.value.dtype), expr.dtype), True, scope)
         target = compute_dtype(expr.dtype)
-        text = f"{inner.text}.to({tl_dtype(target)})"
-        if expr.dtype in (torch.float16, torch.bfloat16):  # round to the narrow type, keep f32
-            text = f"{inner.text}.to({tl_dtype(expr.dtype)}).to(tl.float32)"
-        return self._assign(text, True, scope)
+        if target == compute_dtype(expr.value.dtype):  # e.g. float16 -> float32: already float32 here
+            return inner
+        return self._assign(f"{inner.text}.to({tl_dtype(target)})", True, scope)
 
     def _emit_load(self, expr: Load, scope: Scope) -> Value:
         resolved = self.resolve_load(expr, scope)
@@ -188,12 +191,29 @@ def _special_pow(expr: Op, writer: ExpressionWriter, scope: Scope) -> Value | No
     if exponent == 0.5:
         return writer._assign(f"libdevice.sqrt({base})", True, scope)
     if float(exponent).is_integer() and 0 <= exponent <= 4:
-        if exponent == 0:
-            return writer._assign(f"tl.full({writer.unit_shape}, 1, {tl_dtype(compute_dtype(expr.dtype))}) + 0 * {base}", True, scope)
+        if exponent == 0:  # 1 even for NaN and inf bases, as eager
+            return writer._assign(f"tl.full({writer.unit_shape}, 1, {tl_dtype(compute_dtype(expr.dtype))})", True, scope)
         return writer._assign(" * ".join([base] * int(exponent)), True, scope)
     if exponent == -1:
         return writer._assign(f"1.0 / {base}", True, scope)
+    if exponent == -0.5:  # as eager (rsqrt, so (-inf) ** -0.5 is NaN like eager's)
+        return writer._assign(f"libdevice.rsqrt({base})", True, scope)
+    if exponent == -2:
+        return writer._assign(f"1.0 / ({base} * {base})", True, scope)
     return None
+
+
+def _round_to_half(text: str, source: torch.dtype, target: torch.dtype) -> str:
+    """``text`` (a ``source`` tensor) rounded to float16/bfloat16 and kept as float32.
+
+    Always through float32, as ATen converts (float64 -> float32 -> half; int -> float ->
+    half). bfloat16 uses the ``_round_bf16`` helper: Triton's interpreter truncates (and
+    mangles non-float32 sources) where GPUs round to nearest even.
+    """
+    as_f32 = text if source == torch.float32 else f"{text}.to(tl.float32)"
+    if target == torch.float16:
+        return f"{as_f32}.to(tl.float16).to(tl.float32)"
+    return f"_round_bf16({as_f32})"
 
 
 def _literal(value, dtype: torch.dtype) -> str:
@@ -201,6 +221,8 @@ def _literal(value, dtype: torch.dtype) -> str:
         return "True" if value else "False"
     if dtype.is_floating_point:
         value = float(value)
+        if dtype in (torch.float16, torch.bfloat16):  # a half constant holds a half value
+            value = float(torch.tensor(value, dtype=torch.float32).to(dtype))
         if value != value:
             return 'float("nan")'
         if value in (float("inf"), float("-inf")):

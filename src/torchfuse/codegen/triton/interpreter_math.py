@@ -18,29 +18,37 @@ def _unwrap(value):
     handle = getattr(value, "handle", None)
     if handle is not None and hasattr(handle, "data"):
         return torch.from_numpy(np.ascontiguousarray(handle.data)), value
-    return torch.tensor(value), None
+    # A Python scalar: exact in float64 (or int64), then converted to the tensor's dtype.
+    return torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else None), None
 
 
-def _wrap(result: torch.Tensor, like) -> object:
+def _wrap(result: torch.Tensor, like, tl_dtype=None) -> object:
+    """A Triton interpreter tensor holding ``result``, shaped like ``like``."""
     from triton.runtime.interpreter import TensorHandle
     import triton.language as tl
 
-    data = result.numpy()
-    return tl.tensor(TensorHandle(data, like.handle.dtype.scalar if hasattr(like.handle.dtype, "scalar") else like.handle.dtype), like.type)
+    scalar = like.handle.dtype.scalar if hasattr(like.handle.dtype, "scalar") else like.handle.dtype
+    if tl_dtype is not None:
+        scalar = tl_dtype
+    block = tl.block_type(scalar, list(result.shape)) if result.dim() else scalar
+    return tl.tensor(TensorHandle(result.numpy(), scalar), block)
 
 
 def _elementwise(fn: Callable[..., torch.Tensor], result_is_bool: bool = False) -> Callable:
     def apply(*args):
         tensors, likes = zip(*(_unwrap(a) for a in args))
-        like = next(l for l in likes if l is not None)
-        dtype = tensors[likes.index(like)].dtype
+        # The first real tensor argument gives the dtype. (Not ``likes.index``: comparing
+        # Triton tensors with ``==`` builds a Triton comparison, not a Python bool.)
+        position = next(k for k, l in enumerate(likes) if l is not None)
+        like, dtype = likes[position], tensors[position].dtype
         tensors = [t.to(dtype) for t in tensors]
         out = fn(*tensors)
+        shape = torch.broadcast_shapes(*[t.shape for t in tensors])
         if result_is_bool:
-            out = out.to(torch.int32)
-        else:
-            out = out.to(dtype)
-        return _wrap(torch.broadcast_to(out, torch.broadcast_shapes(*[t.shape for t in tensors])).contiguous(), like)
+            import triton.language as tl
+
+            return _wrap(torch.broadcast_to(out.to(torch.bool), shape).contiguous(), like, tl.int1)
+        return _wrap(torch.broadcast_to(out.to(dtype), shape).contiguous(), like)
 
     return apply
 

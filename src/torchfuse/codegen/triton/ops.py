@@ -9,6 +9,51 @@ from torchfuse.codegen.triton.printer import tl_dtype
 
 NAN_ALL = "propagate_nan=tl.PropagateNan.ALL"
 
+# Helper functions for ops whose exact semantics take several statements. They are emitted
+# once per kernel module (with the reduction helpers); the module supplies ``jit``, ``tl``
+# and ``libdevice``. Each follows the eager (ATen CPU/CUDA) definition of the op.
+HELPERS = '''
+@jit
+def _floordiv_float(a, b):
+    # ATen's div_floor_floating: floor(a / b) rounds wrongly when a / b rounds up to an
+    # integer (1.0 // 0.1 is 9, not 10), and inf // x is NaN.
+    mod = libdevice.fmod(a, b)
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floordiv = tl.floor(div)
+    floordiv = tl.where(div - floordiv > 0.5, floordiv + 1, floordiv)
+    quotient = a / b
+    floordiv = tl.where(div != 0, floordiv, libdevice.copysign(div * 0, quotient))
+    return tl.where(b == 0, quotient, floordiv)
+
+
+@jit
+def _pow_int(base, exponent):
+    # Integer power by squaring (libdevice.pow is float-only). A negative exponent gives
+    # 0 except for bases 1 and -1, as in ATen.
+    zero = (base + exponent) * 0
+    result = zero + 1
+    square = base + zero
+    e = exponent + zero
+    for _ in range(64):
+        result = tl.where((e & 1) != 0, result * square, result)
+        square = square * square
+        e = e >> 1
+    odd = (exponent & 1) != 0
+    negative = tl.where(base == 1, zero + 1, tl.where(base == -1, tl.where(odd, zero - 1, zero + 1), zero))
+    return tl.where(exponent < 0, negative, result)
+
+
+@jit
+def _round_bf16(x):
+    # float32 -> the nearest bfloat16 (ties to even), kept in float32. Integer ops, so that
+    # Triton's interpreter (whose float32 -> bfloat16 conversion truncates) is exact too.
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    rounded = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, rounded)
+'''
+
 
 def _binary(symbol: str) -> Callable:
     return lambda a, b, dt: f"({a} {symbol} {b})"
@@ -20,7 +65,7 @@ def _call(fn: str) -> Callable:
 
 def _floordiv(a: str, b: str, dt: torch.dtype) -> str:
     if dt.is_floating_point:
-        return f"tl.floor({a} / {b})"
+        return f"_floordiv_float({a}, {b})"
     # Triton's // truncates toward zero; Python/PyTorch floor toward -inf.
     return f"tl.where((({a} % {b}) != 0) & (({a} < 0) != ({b} < 0)), {a} // {b} - 1, {a} // {b})"
 
@@ -42,13 +87,39 @@ def _sign(a: str, dt: torch.dtype) -> str:
     if dt == torch.bool:
         return a
     t = tl_dtype(dt)
-    value = f"((0 < {a}).to({t}) - ({a} < 0).to({t}))"
-    return f"tl.where({a} != {a}, {a}, {value})" if dt.is_floating_point else value
+    # As ATen: sign(NaN) is 0 (both comparisons are false), sign(-0.0) is 0.
+    return f"((0 < {a}).to({t}) - ({a} < 0).to({t}))"
+
+
+def _shift(symbol: str) -> Callable:
+    """ATen's shifts: a shift by a negative amount or by >= the bit width gives 0 (left) or
+    the sign fill (right), where Triton (like C) leaves it undefined."""
+
+    def render(a: str, b: str, dt: torch.dtype) -> str:
+        if dt == torch.bool:
+            return f"({a} {symbol} {b})"
+        width = torch.iinfo(dt).bits
+        overflow = f"{a} >> {width - 1}" if symbol == ">>" else "0"
+        return f"tl.where(({b} < 0) | ({b} >= {width}), {overflow}, {a} {symbol} {b})"
+
+    return render
+
+
+def _pow(a: str, b: str, dt: torch.dtype) -> str:
+    return f"libdevice.pow({a}, {b})" if dt.is_floating_point else f"_pow_int({a}, {b})"
 
 
 def _abs(a: str, dt: torch.dtype) -> str:
     return a if dt == torch.bool else f"tl.abs({a})"
 
+
+# Ops rendered as Python operators; every other op is a function call, whose scalar
+# arguments the writer first makes tensors of the compute dtype (a float64 call must not
+# see a literal that Triton types as float32).
+OPERATOR_OPS = frozenset(
+    "add sub mul truediv neg eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and bitwise_or "
+    "bitwise_xor".split()
+)
 
 TRITON_OPS: dict[str, Callable[..., str]] = {
     "add": _binary("+"), "sub": _binary("-"), "mul": _binary("*"), "truediv": _binary("/"),
@@ -56,7 +127,7 @@ TRITON_OPS: dict[str, Callable[..., str]] = {
     "remainder": _remainder,
     "fmod": lambda a, b, dt: f"libdevice.fmod({a}, {b})" if dt.is_floating_point else f"({a} % {b})",
     "maximum": _minmax("maximum"), "minimum": _minmax("minimum"),
-    "pow": _call("libdevice.pow"), "atan2": _call("libdevice.atan2"),
+    "pow": _pow, "atan2": _call("libdevice.atan2"),
     "copysign": _call("libdevice.copysign"), "hypot": _call("libdevice.hypot"),
     "neg": lambda a, dt: f"(-{a})", "abs": _abs, "sign": _sign,
     "reciprocal": lambda a, dt: f"(1.0 / {a})", "trunc": _call("libdevice.trunc"),
@@ -81,5 +152,5 @@ TRITON_OPS: dict[str, Callable[..., str]] = {
     "logical_not": lambda a, dt: f"({a} == 0)",
     "bitwise_and": _binary("&"), "bitwise_or": _binary("|"), "bitwise_xor": _binary("^"),
     "bitwise_not": lambda a, dt: f"({a} == 0)" if dt == torch.bool else f"(~{a})",
-    "bitwise_left_shift": _binary("<<"), "bitwise_right_shift": _binary(">>"),
+    "bitwise_left_shift": _shift("<<"), "bitwise_right_shift": _shift(">>"),
 }

@@ -28,6 +28,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def print_index(expr: sympy.Expr, max_fn: str = "tl.maximum", min_fn: str = "tl.minimum") -> str:
     """Triton (or, with ``max_fn="max"``, Python) text for a non-negative integer index."""
     expr = sympy.sympify(expr)
+    torch_fn = _torch_function_text(expr, max_fn, min_fn)
+    if torch_fn is not None:
+        return torch_fn
     if isinstance(expr, (sympy.Max, sympy.Min)):
         fn = max_fn if isinstance(expr, sympy.Max) else min_fn
         parts = [print_index(a, max_fn, min_fn) for a in expr.args]
@@ -53,6 +56,34 @@ def print_index(expr: sympy.Expr, max_fn: str = "tl.maximum", min_fn: str = "tl.
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
         return "(" + " * ".join([sub(expr.base)] * int(expr.exp)) + ")"
     raise NotImplementedError(f"index expression {expr} in a Triton kernel")
+
+
+# Sizes from Dynamo carry torch's own sympy functions (torch.utils._sympy.functions), e.g.
+# ``FloorDiv(s0, 2)`` for ``x.shape[0] // 2``. We print them by class name so codegen needs
+# no torch-internal import; on non-negative sizes Python's // and % are exact.
+_TORCH_BINARY = {"FloorDiv": "//", "CleanDiv": "//", "Mod": "%", "PythonMod": "%"}
+
+
+def _torch_function_text(expr: sympy.Expr, max_fn: str, min_fn: str) -> str | None:
+    if isinstance(expr, (FloorDiv, ModIndex)) or not isinstance(expr, sympy.Function):
+        return None
+    kind = type(expr).__name__
+    args = [print_index(a, max_fn, min_fn) for a in expr.args]
+    if kind in _TORCH_BINARY:
+        return f"({args[0]} {_TORCH_BINARY[kind]} {args[1]})"
+    if kind == "CeilDiv":
+        return f"(-((-{args[0]}) // {args[1]}))"
+    if kind == "ModularIndexing":  # (x // divisor) % modulus
+        return f"(({args[0]} // {args[1]}) % {args[2]})"
+    if kind in ("Max", "Min"):
+        fn = max_fn if kind == "Max" else min_fn
+        text = args[0]
+        for part in args[1:]:
+            text = f"{fn}({text}, {part})"
+        return text
+    if kind == "PowByNatural" and expr.args[1].is_Integer and int(expr.args[1]) > 0:
+        return "(" + " * ".join([args[0]] * int(expr.args[1])) + ")"
+    return None
 
 
 def _ordered(args) -> list:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import torch
 
+from torchfuse.codegen.triton.ops import HELPERS as OP_HELPERS
 from torchfuse.codegen.triton.printer import compute_dtype, tl_dtype
 
 # Helper functions emitted once per kernel module; the module supplies ``jit`` and ``tl``.
-HELPERS = '''
+# (The elementwise ones come from ``ops.HELPERS``.)
+HELPERS = OP_HELPERS + '''
 @jit
 def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)

@@ -20,17 +20,41 @@ def out_meta(node: torch.fx.Node) -> torch.Tensor:
     return meta
 
 
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def opmath(dtype: torch.dtype) -> torch.dtype:
+    """The dtype eager computes an op of ``dtype`` in: float32 for float16/bfloat16.
+
+    Elementwise rules compute each ATen op in this dtype and cast the result to the op's
+    dtype once, so a fused chain of half ops rounds after every op, exactly as eager does
+    (and one ATen op that lowers to several IR ops rounds only once, as eager's kernel).
+    """
+    return torch.float32 if dtype in HALF_DTYPES else dtype
+
+
+# Casts from a dtype to a wider one that holds every value exactly: casting back is a no-op.
+_EXACT_WIDENING = {
+    torch.float16: (torch.float32, torch.float64), torch.bfloat16: (torch.float32, torch.float64),
+    torch.float32: (torch.float64,), torch.int32: (torch.int64,),
+}
+
+
 def cast(expr: Expr, dtype: torch.dtype) -> Expr:
     if expr.dtype == dtype:
         return expr
     if isinstance(expr, Const):
         return Const(dtype, _convert_scalar(expr.value, dtype))
+    if isinstance(expr, Cast) and expr.value.dtype == dtype and expr.dtype in _EXACT_WIDENING.get(dtype, ()):
+        return expr.value  # e.g. float16 -> float32 -> float16
     return Cast(dtype, expr)
 
 
 def _convert_scalar(value: Any, dtype: torch.dtype) -> Any:
     if dtype == torch.bool:
         return bool(value)
+    if dtype in HALF_DTYPES:  # eager converts a scalar operand to the op's dtype first
+        return float(torch.tensor(float(value), dtype=torch.float32).to(dtype))
     if dtype.is_floating_point:
         return float(value)
     return int(value)

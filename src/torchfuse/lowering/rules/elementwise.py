@@ -1,8 +1,10 @@
 """Elementwise ops: one table entry per ATen op, one generic rule that builds the body.
 
 The output dtype and shape come from the node's ``meta['val']`` (eager's own answer).
-Operands are cast to the *compute* dtype first: the output dtype for arithmetic and math,
-the promoted input dtype for comparisons, bool for logical ops.
+Operands are cast to the *promoted* dtype first (as eager converts them): the output dtype
+for arithmetic and math, the promoted input dtype for comparisons, bool for logical ops.
+The op is then computed in ``opmath`` of that dtype (float32 for halves) and its result
+cast to the output dtype once, so half-precision chains round after each op like eager.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import torch.fx
 from torchfuse.ir.expr import Const, Expr, Op, Where
 from torchfuse.lowering.context import LoweringContext
 from torchfuse.lowering.registry import register_lowering
-from torchfuse.lowering.rules.common import cast, operand, out_meta, output_shape, result_type
+from torchfuse.lowering.rules.common import cast, opmath, operand, out_meta, output_shape, result_type
+from torchfuse.lowering.values import TensorValue
 
 aten = torch.ops.aten
 
@@ -34,8 +37,14 @@ ARITHMETIC = {
     aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or", aten.bitwise_xor: "bitwise_xor",
     aten.bitwise_not: "bitwise_not", aten.bitwise_left_shift: "bitwise_left_shift",
     aten.bitwise_right_shift: "bitwise_right_shift", aten.__and__: "bitwise_and",
-    aten.__or__: "bitwise_or", aten.__xor__: "bitwise_xor",
+    aten.__or__: "bitwise_or", aten.__xor__: "bitwise_xor", aten.__lshift__: "bitwise_left_shift",
+    aten.__rshift__: "bitwise_right_shift",
 }
+# Ops whose python-scalar operand eager reads at full (opmath) precision instead of first
+# converting it to the op's dtype (ATen's "original_scalar_value" kernels): a half
+# ``x * 1.3`` multiplies by float32 1.3, while ``x < 0.1`` compares with float16 0.1.
+# add/sub (see add_sub) follow CUDA, which adds float32 1.3; CPU eager adds float16 1.2998.
+OPMATH_SCALARS = {"mul", "truediv", "floordiv", "truncdiv"}
 # Ops whose inputs are compared or tested in their promoted dtype; the output is bool.
 PREDICATES = {
     aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge",
@@ -48,16 +57,25 @@ LOGICAL = {
 
 
 def pointwise_op(ctx: LoweringContext, node: torch.fx.Node, inputs: tuple, compute: torch.dtype | None,
-                 build: Callable[[list[Expr]], Expr]) -> Any:
+                 build: Callable[[list[Expr]], Expr], round_scalars: bool = True) -> Any:
     """Add a node whose body is ``build(operands)`` with operands cast to ``compute``.
 
     ``compute=None`` leaves each tensor operand in its own dtype (scalars take the output's).
+    Operands reach ``build`` in ``opmath`` of that dtype (float32 for float16/bfloat16).
+    Python scalars are converted to the promoted dtype first, as eager's TensorIterator
+    does, unless ``round_scalars`` is False (see ``OPMATH_SCALARS``).
     """
     meta = out_meta(node)
     shape = output_shape(node)
 
     def body(index: tuple) -> Expr:
-        operands = [operand(x, index, shape, compute or getattr(x, "dtype", meta.dtype)) for x in inputs]
+        operands = []
+        for x in inputs:
+            promoted = compute or getattr(x, "dtype", meta.dtype)
+            if isinstance(x, TensorValue) or round_scalars:
+                operands.append(cast(operand(x, index, shape, promoted), opmath(promoted)))
+            else:
+                operands.append(operand(x, index, shape, opmath(promoted)))
         return cast(build(operands), meta.dtype)
 
     return ctx.pointwise(shape, meta.dtype, meta.device, body)
@@ -67,9 +85,16 @@ def _named(name: str, dtype_of: Callable[[Expr], torch.dtype] = lambda a: a.dtyp
     return lambda args: Op(dtype_of(args[0]), name, tuple(args))
 
 
+# Rounding an integer (or bool) gives it back unchanged, as in eager.
+_IDENTITY_ON_INTEGERS = {"floor", "ceil", "round", "trunc"}
+
+
 def _arithmetic_rule(name: str):
     def rule(ctx: LoweringContext, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
-        return pointwise_op(ctx, node, args[:2], out_meta(node).dtype, _named(name))
+        dtype = out_meta(node).dtype
+        if name in _IDENTITY_ON_INTEGERS and not dtype.is_floating_point:
+            return pointwise_op(ctx, node, args[:1], dtype, lambda a: a[0])
+        return pointwise_op(ctx, node, args[:2], dtype, _named(name), round_scalars=name not in OPMATH_SCALARS)
 
     return rule
 
@@ -98,38 +123,89 @@ for _packet, _name in LOGICAL.items():
 
 @register_lowering(aten.add, aten.sub, aten.rsub)
 def add_sub(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any, alpha: Any = 1) -> Any:
-    """``a + alpha * b`` (``rsub``: ``b - alpha * a``)."""
+    """``a + alpha * b`` (``rsub``: ``b - alpha * a``), with alpha and a scalar operand in opmath.
+
+    Eager differs by device for a half tensor plus a python scalar: CUDA adds the scalar in
+    float32, CPU first rounds it to the half type. We follow CUDA, Triton's target.
+    """
     target = node.target.overloadpacket
     name = "add" if target is aten.add else "sub"
     first, second = (b, a) if target is aten.rsub else (a, b)
     dtype = out_meta(node).dtype
+    compute = opmath(dtype)
 
     def build(args: list[Expr]) -> Expr:
-        scaled = args[1] if alpha == 1 else Op(dtype, "mul", (args[1], Const(dtype, alpha)))
-        return Op(dtype, name, (args[0], scaled))
+        if dtype == torch.bool:  # bool + bool is logical or (True + True == True)
+            return Op(dtype, "logical_or", (args[0], args[1])) if alpha else args[0]
+        scaled = args[1] if alpha == 1 else Op(compute, "mul", (args[1], Const(compute, alpha)))
+        return Op(compute, name, (args[0], scaled))
 
-    return pointwise_op(ctx, node, (first, second), dtype, build)
+    return pointwise_op(ctx, node, (first, second), dtype, build, round_scalars=False)
 
 
 @register_lowering(aten.div)
 def div(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any, rounding_mode: str | None = None) -> Any:
     dtype = out_meta(node).dtype
+    compute = opmath(dtype)
     if rounding_mode is None:
-        return pointwise_op(ctx, node, (a, b), dtype, _named("truediv"))
-    if dtype.is_floating_point:
-        rounding = "trunc" if rounding_mode == "trunc" else "floor"
+        return pointwise_op(ctx, node, (a, b), dtype, _named("truediv"), round_scalars=False)
+    if dtype.is_floating_point and rounding_mode == "trunc":
         return pointwise_op(ctx, node, (a, b), dtype,
-                            lambda args: Op(dtype, rounding, (Op(dtype, "truediv", tuple(args)),)))
+                            lambda args: Op(compute, "trunc", (Op(compute, "truediv", tuple(args)),)),
+                            round_scalars=False)
+    # Float floordiv follows ATen's div_floor_floating, not floor(a / b) (see ops.py).
     name = "truncdiv" if rounding_mode == "trunc" else "floordiv"
-    return pointwise_op(ctx, node, (a, b), dtype, _named(name))
+    return pointwise_op(ctx, node, (a, b), dtype, _named(name), round_scalars=False)
+
+
+@register_lowering(aten.round.decimals)
+def round_decimals(ctx: LoweringContext, node: torch.fx.Node, x: Any, decimals: int = 0) -> Any:
+    """As ATen: ``nearbyint(x * 10**d) / 10**d`` (``nearbyint(x / 10**-d) * 10**-d`` for d < 0)."""
+    dtype = out_meta(node).dtype
+    compute = opmath(dtype)
+    scale = Const(compute, float(10 ** abs(decimals)))
+
+    def build(args: list[Expr]) -> Expr:
+        if decimals < 0:
+            return Op(compute, "mul", (Op(compute, "round", (Op(compute, "truediv", (args[0], scale)),)), scale))
+        return Op(compute, "truediv", (Op(compute, "round", (Op(compute, "mul", (args[0], scale)),)), scale))
+
+    return pointwise_op(ctx, node, (x,), dtype, build)
+
+
+@register_lowering(aten.fmax, aten.fmin)
+def fmax_fmin(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any) -> Any:
+    """maximum/minimum that ignore a NaN operand (NaN only when both are NaN)."""
+    dtype = out_meta(node).dtype
+    compute = opmath(dtype)
+    name = "maximum" if node.target.overloadpacket is aten.fmax else "minimum"
+
+    def build(args: list[Expr]) -> Expr:
+        x, y = args
+        both = Op(compute, name, (x, y))
+        if not compute.is_floating_point:
+            return both
+        x_nan, y_nan = Op(torch.bool, "isnan", (x,)), Op(torch.bool, "isnan", (y,))
+        return Where(compute, x_nan, y, Where(compute, y_nan, x, both))
+
+    return pointwise_op(ctx, node, (a, b), dtype, build)
+
+
+@register_lowering(aten.relu)
+def relu(ctx: LoweringContext, node: torch.fx.Node, x: Any) -> Any:
+    """``maximum(x, 0)``: NaN stays NaN, as eager's relu."""
+    dtype = out_meta(node).dtype
+    compute = opmath(dtype)
+    return pointwise_op(ctx, node, (x,), dtype, lambda a: Op(compute, "maximum", (a[0], Const(compute, 0))))
 
 
 @register_lowering(aten.where)
 def where(ctx: LoweringContext, node: torch.fx.Node, cond: Any, a: Any, b: Any) -> Any:
     dtype = out_meta(node).dtype
+    compute = opmath(dtype)
 
     def build(args: list[Expr]) -> Expr:
-        return Where(dtype, cast(args[0], torch.bool), cast(args[1], dtype), cast(args[2], dtype))
+        return Where(compute, cast(args[0], torch.bool), cast(args[1], compute), cast(args[2], compute))
 
     return pointwise_op(ctx, node, (cond, a, b), None, build)
 
@@ -139,14 +215,15 @@ def clamp(ctx: LoweringContext, node: torch.fx.Node, x: Any, low: Any = None, hi
     if node.target.overloadpacket is aten.clamp_max:
         low, high = None, low
     dtype = out_meta(node).dtype
+    compute = opmath(dtype)
     present = [v for v in (low, high) if v is not None]
 
     def build(args: list[Expr]) -> Expr:
         value, rest = args[0], list(args[1:])
         if low is not None:
-            value = Op(dtype, "maximum", (value, rest.pop(0)))
+            value = Op(compute, "maximum", (value, rest.pop(0)))
         if high is not None:
-            value = Op(dtype, "minimum", (value, rest.pop(0)))
+            value = Op(compute, "minimum", (value, rest.pop(0)))
         return value
 
     return pointwise_op(ctx, node, (x, *present), dtype, build)
@@ -167,14 +244,16 @@ def copy(ctx: LoweringContext, node: torch.fx.Node, x: Any, *args: Any, **kwargs
 @register_lowering(aten.sigmoid_backward)
 def sigmoid_backward(ctx: LoweringContext, node: torch.fx.Node, grad: Any, y: Any) -> Any:
     dtype = out_meta(node).dtype
-    one = Const(dtype, 1.0)
+    c = opmath(dtype)
+    one = Const(c, 1.0)
     return pointwise_op(ctx, node, (grad, y), dtype,
-                        lambda a: Op(dtype, "mul", (a[0], Op(dtype, "mul", (a[1], Op(dtype, "sub", (one, a[1])))))))
+                        lambda a: Op(c, "mul", (a[0], Op(c, "mul", (a[1], Op(c, "sub", (one, a[1])))))))
 
 
 @register_lowering(aten.tanh_backward)
 def tanh_backward(ctx: LoweringContext, node: torch.fx.Node, grad: Any, y: Any) -> Any:
     dtype = out_meta(node).dtype
-    one = Const(dtype, 1.0)
+    c = opmath(dtype)
+    one = Const(c, 1.0)
     return pointwise_op(ctx, node, (grad, y), dtype,
-                        lambda a: Op(dtype, "mul", (a[0], Op(dtype, "sub", (one, Op(dtype, "mul", (a[1], a[1])))))))
+                        lambda a: Op(c, "mul", (a[0], Op(c, "sub", (one, Op(c, "mul", (a[1], a[1])))))))

@@ -16,7 +16,7 @@ from torchfuse.ir.expr import Const, Expr, Op
 from torchfuse.ir.symbols import product
 from torchfuse.lowering.context import LoweringContext
 from torchfuse.lowering.registry import register_lowering
-from torchfuse.lowering.rules.common import cast, out_meta
+from torchfuse.lowering.rules.common import HALF_DTYPES, cast, opmath, out_meta
 from torchfuse.lowering.rules.views import squeeze_unsqueeze  # noqa: F401  (view helpers)
 from torchfuse.lowering.values import TensorValue
 
@@ -35,7 +35,40 @@ def reduce(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], keepdim:
            dtype: torch.dtype, input_dtype: torch.dtype | None = None) -> TensorValue:
     """Reduce ``x`` over ``axes`` with ``op``; the input is cast to ``input_dtype`` first."""
     input_dtype = input_dtype or dtype
-    return ctx.reduction(x.shape, axes, keepdim, dtype, x.device, op, lambda idx: cast(x.load(idx), input_dtype))
+    return reduction(ctx, x.shape, axes, keepdim, dtype, x.device, op, lambda idx: cast(x.load(idx), input_dtype))
+
+
+def reduction(ctx: LoweringContext, source: tuple, axes: tuple[int, ...], keepdim: bool, dtype: torch.dtype,
+              device: torch.device, op: str, body_fn) -> TensorValue:
+    """``ctx.reduction``, except that reducing only size-1 dims (or none) is a pointwise node.
+
+    Such a "reduction" reads one element per output: a pointwise node says so, fuses like
+    one, and spares the scheduler reduction nodes without reduction loops.
+    """
+    source = tuple(sympy.sympify(s) for s in source)
+    axes = tuple(sorted({a % len(source) for a in axes})) if source else ()
+    if not all(source[d] == 1 for d in axes):
+        return ctx.reduction(source, axes, keepdim, dtype, device, op, body_fn)
+    kept = [d for d in range(len(source)) if d not in axes]
+    shape = tuple(sympy.Integer(1) if d in axes else source[d] for d in range(len(source))) if keepdim else \
+        tuple(source[d] for d in kept)
+
+    def body(index: tuple) -> Expr:
+        if op in ("argmax", "argmin"):
+            return Const(torch.int64, 0)
+        full = [sympy.Integer(0) if d in axes else index[d if keepdim else kept.index(d)] for d in range(len(source))]
+        return cast(body_fn(tuple(full)), dtype)
+
+    return ctx.pointwise(shape, dtype, device, body)
+
+
+def reduce_accumulating(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], keepdim: bool, op: str,
+                        dtype: torch.dtype) -> TensorValue:
+    """``reduce`` for sum/prod: half inputs accumulate in float32 and round once at the end."""
+    if dtype not in HALF_DTYPES:
+        return reduce(ctx, x, axes, keepdim, op, dtype)
+    total = reduce(ctx, x, axes, keepdim, op, torch.float32, dtype)
+    return _elementwise(ctx, total, dtype, lambda v: v, compute=torch.float32)
 
 
 def _squeeze_axes(value: TensorValue, axes: tuple[int, ...]) -> TensorValue:
@@ -51,21 +84,24 @@ def _squeeze_axes(value: TensorValue, axes: tuple[int, ...]) -> TensorValue:
     return value.view(tuple(value.shape[d] for d in kept), index_of_new)
 
 
-def _elementwise(ctx: LoweringContext, value: TensorValue, dtype: torch.dtype, fn) -> TensorValue:
-    return ctx.pointwise(value.shape, dtype, value.device, lambda idx: fn(cast(value.load(idx), dtype)))
+def _elementwise(ctx: LoweringContext, value: TensorValue, dtype: torch.dtype, fn,
+                 compute: torch.dtype | None = None) -> TensorValue:
+    """A pointwise node ``fn(value)`` of ``dtype``, computed in ``compute`` (default: dtype)."""
+    compute = compute or dtype
+    return ctx.pointwise(value.shape, dtype, value.device, lambda idx: cast(fn(cast(value.load(idx), compute)), dtype))
 
 
 @register_lowering(aten.sum)
 def sum_(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dims: Any = None, keepdim: bool = False,
          dtype: Any = None) -> TensorValue:
     out_dtype = out_meta(node).dtype
-    return reduce(ctx, x, _axes(x, dims), keepdim, "sum", out_dtype)
+    return reduce_accumulating(ctx, x, _axes(x, dims), keepdim, "sum", out_dtype)
 
 
 @register_lowering(aten.prod)
 def prod(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim: Any = None, keepdim: bool = False,
          dtype: Any = None) -> TensorValue:
-    return reduce(ctx, x, _axes(x, dim), keepdim, "prod", out_meta(node).dtype)
+    return reduce_accumulating(ctx, x, _axes(x, dim), keepdim, "prod", out_meta(node).dtype)
 
 
 @register_lowering(aten.amax, aten.amin)
@@ -111,36 +147,42 @@ def _count(x: TensorValue, axes: tuple[int, ...]) -> sympy.Expr:
 def mean(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dims: Any = None, keepdim: bool = False,
          dtype: Any = None) -> TensorValue:
     out_dtype = out_meta(node).dtype
+    compute = opmath(out_dtype)
     axes = _axes(x, dims)
-    total = reduce(ctx, x, axes, keepdim, "sum", out_dtype)
-    count = _count(x, axes)
-    return _divide(ctx, total, count, out_dtype)
+    total = reduce(ctx, x, axes, keepdim, "sum", compute, out_dtype)
+    return _divide(ctx, total, _count(x, axes), out_dtype)
 
 
 def _divide(ctx: LoweringContext, value: TensorValue, count: sympy.Expr, dtype: torch.dtype) -> TensorValue:
+    """``value / count`` as a ``dtype`` result, divided in opmath (a half count may not be exact)."""
     from torchfuse.lowering.rules.common import operand
 
-    def fn(v: Expr) -> Expr:
-        return Op(dtype, "truediv", (v, operand(count, (), (), dtype)))
+    compute = opmath(dtype)
 
-    return _elementwise(ctx, value, dtype, fn)
+    def fn(v: Expr) -> Expr:
+        return Op(compute, "truediv", (v, operand(count, (), (), compute)))
+
+    return _elementwise(ctx, value, dtype, fn, compute)
 
 
 def _mean_and_var(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], correction: Any,
                   keepdim: bool, dtype: torch.dtype) -> tuple[TensorValue, TensorValue]:
-    """Two-pass variance: the mean first, then the mean of squared deviations."""
+    """Two-pass variance in opmath: the mean first, then the mean of squared deviations."""
     count = _count(x, axes)
-    mean_kept = _divide(ctx, reduce(ctx, x, axes, True, "sum", dtype), count, dtype)
+    compute = opmath(dtype)
+    mean_kept = _divide(ctx, reduce(ctx, x, axes, True, "sum", compute), count, compute)
 
     def squared_deviation(idx: tuple) -> Expr:
         mean_index = tuple(sympy.Integer(0) if d in axes else idx[d] for d in range(x.rank))
-        deviation = Op(dtype, "sub", (cast(x.load(idx), dtype), mean_kept.load(mean_index)))
-        return Op(dtype, "mul", (deviation, deviation))
+        deviation = Op(compute, "sub", (cast(x.load(idx), compute), mean_kept.load(mean_index)))
+        return Op(compute, "mul", (deviation, deviation))
 
-    squares = ctx.reduction(x.shape, axes, True, dtype, x.device, "sum", squared_deviation)
+    squares = reduction(ctx, x.shape, axes, True, compute, x.device, "sum", squared_deviation)
     correction = 1 if correction is None else correction
     divisor = sympy.Max(count - sympy.sympify(correction), 0)
     var_kept = _divide(ctx, squares, divisor, dtype)
+    if compute != dtype:
+        mean_kept = _elementwise(ctx, mean_kept, dtype, lambda v: v, compute)
     if keepdim:
         return mean_kept, var_kept
     return _squeeze_axes(mean_kept, axes), _squeeze_axes(var_kept, axes)
@@ -167,3 +209,39 @@ def var_mean(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dims: An
     dtype = node.meta["val"][0].dtype
     mean_value, variance = _mean_and_var(ctx, x, _axes(x, dims), correction, keepdim, dtype)
     return variance, mean_value
+
+
+@register_lowering(aten.linalg_vector_norm)
+def vector_norm(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, ord: Any = 2, dim: Any = None,
+                keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
+    """``sum(|x|**ord) ** (1/ord)``; ord 0 counts non-zeros, +-inf is the max/min of |x|."""
+    out_dtype = out_meta(node).dtype
+    compute = opmath(out_dtype)
+    axes = _axes(x, dim)
+    ord = float(ord)
+
+    def magnitude(idx: tuple) -> Expr:
+        return Op(compute, "abs", (cast(x.load(idx), compute),))
+
+    if ord in (float("inf"), float("-inf")):
+        op = "max" if ord > 0 else "min"
+        result = reduction(ctx, x.shape, axes, keepdim, compute, x.device, op, magnitude)
+        return _elementwise(ctx, result, out_dtype, lambda v: v, compute)
+    if ord == 0:
+        nonzero = lambda idx: cast(cast(x.load(idx), torch.bool), compute)  # noqa: E731
+        result = reduction(ctx, x.shape, axes, keepdim, compute, x.device, "sum", nonzero)
+        return _elementwise(ctx, result, out_dtype, lambda v: v, compute)
+    if ord == 1:
+        powered = magnitude
+    elif ord == 2:
+        powered = lambda idx: Op(compute, "mul", (magnitude(idx), magnitude(idx)))  # noqa: E731
+    else:
+        powered = lambda idx: Op(compute, "pow", (magnitude(idx), Const(compute, ord)))  # noqa: E731
+    total = reduction(ctx, x.shape, axes, keepdim, compute, x.device, "sum", powered)
+    if ord == 1:
+        root = lambda v: v  # noqa: E731
+    elif ord == 2:
+        root = lambda v: Op(compute, "sqrt", (v,))  # noqa: E731
+    else:
+        root = lambda v: Op(compute, "pow", (v, Const(compute, 1.0 / ord)))  # noqa: E731
+    return _elementwise(ctx, total, out_dtype, root, compute)

@@ -18,13 +18,17 @@ Index = tuple[sympy.Expr, ...]
 
 
 @register_lowering(aten.view, aten._unsafe_view, aten.reshape, aten.view_copy)
-def view(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, *shape_args: Any) -> TensorValue:
+def view(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, *shape_args: Any) -> Any:
+    if shape_args and isinstance(shape_args[0], torch.dtype):
+        return NotImplemented  # view.dtype reinterprets bits: no index map can say that
     new_shape = output_shape(node)
     return x.view(new_shape, reshape_indexer(x.shape, new_shape))
 
 
 def reshape_indexer(old: tuple, new: tuple) -> Callable[[Index], Index]:
     """Map an index of the reshaped tensor to an index of the original (same numel)."""
+    if product(old) == 0:  # nothing is ever read (and the strides below would divide by 0)
+        return lambda new_index: tuple(sympy.Integer(0) for _ in old)
     groups = _match_groups(old, new)
 
     def index_of_new(new_index: Index) -> Index:
@@ -232,11 +236,18 @@ def unbind(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim: int =
 @register_lowering(aten.as_strided)
 def as_strided(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, size: Any, stride: Any,
                storage_offset: Any = None) -> Any:
-    """An index map when ``x`` is a whole buffer; otherwise run as an ATen call."""
+    """An index map when ``x`` is a whole buffer; otherwise run as an ATen call.
+
+    ``storage_offset`` is absolute in the storage (default: x's own), while the map indexes
+    the buffer's elements, which start at ``buffer.offset``: the map uses the difference.
+    """
     buffer = ctx.graph.buffers[x.buffer]
     if not x.is_identity or x.shape != buffer.shape or buffer.strides != contiguous_strides(buffer.shape):
         return NotImplemented
-    offset = sympy.sympify(storage_offset if storage_offset is not None else buffer.offset)
+    start = sympy.sympify(storage_offset) - buffer.offset if storage_offset is not None else sympy.Integer(0)
+    if start.is_number and start < 0:
+        return NotImplemented  # reads storage before the buffer's first element
+    offset = start
     new_shape = output_shape(node)
 
     def index_of_new(new_index: Index) -> Index:
@@ -248,6 +259,39 @@ def as_strided(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, size: 
         )
 
     return x.view(new_shape, index_of_new)
+
+
+@register_lowering(aten.diagonal)
+def diagonal(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, offset: int = 0, dim1: int = 0,
+             dim2: int = 1) -> TensorValue:
+    """The diagonal of dims (dim1, dim2) becomes the last dim: ``x[..., k + max(-offset, 0), k + max(offset, 0)]``."""
+    dim1, dim2 = dim1 % x.rank, dim2 % x.rank
+    rest = [d for d in range(x.rank) if d not in (dim1, dim2)]
+
+    def index_of_new(new_index: Index) -> Index:
+        old = [sympy.Integer(0)] * x.rank
+        for k, d in enumerate(rest):
+            old[d] = new_index[k]
+        old[dim1] = new_index[-1] + max(-offset, 0)
+        old[dim2] = new_index[-1] + max(offset, 0)
+        return tuple(old)
+
+    return x.view(output_shape(node), index_of_new)
+
+
+@register_lowering(aten.unfold)
+def unfold(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim: int, size: int, step: int) -> TensorValue:
+    """Windows of ``size`` every ``step`` along ``dim``; the window position is a new last dim."""
+    dim = dim % max(x.rank, 1)
+
+    def index_of_new(new_index: Index) -> Index:
+        if x.rank == 0:
+            return ()
+        old = list(new_index[:x.rank])
+        old[dim] = new_index[dim] * step + new_index[-1]
+        return tuple(old)
+
+    return x.view(output_shape(node), index_of_new)
 
 
 @register_lowering(aten.sym_size.int)

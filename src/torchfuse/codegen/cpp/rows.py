@@ -1,0 +1,193 @@
+"""Reductions by rows: one parallel iteration per row (``rows``), or, for a few long rows,
+each row split across threads (``split``, a full reduction such as ``loss.mean()``).
+
+Inside a row, each group of independent reductions is one SIMD loop over the reduced dims
+(chunked for float32 sums, see ``reductions.py``); then the row's pointwise members are
+stored, then one loop stores the members over rows x reduced dims. A second pass over a
+row re-reads it from cache.
+"""
+from __future__ import annotations
+
+from torchfuse.codegen.cpp import reductions as red
+from torchfuse.codegen.cpp.expressions import Scope
+from torchfuse.codegen.cpp.strategies import close_all, statically_at_most
+from torchfuse.ir.expr import loads
+from torchfuse.ir.graph import Reduction
+from torchfuse.scheduler.kernel import KernelMember
+
+# Elements of a float32 partial sum (see reductions.py): 16 per lane with 8-lane vectors.
+REDUCTION_CHUNK = 128
+# Per-thread partial results of a split reduction are combined in thread order (so results
+# do not depend on timing); at most this many threads take part.
+MAX_SPLIT_THREADS = 64
+
+
+def render_rows(renderer, top: Scope, split: bool) -> None:
+    x_loops = renderer.plan.x_loops
+    if x_loops and not split:
+        pragma = renderer.parallel_pragma(renderer.xnumel * renderer.rnumel, len(x_loops))
+        if pragma:
+            top.emit(pragma)
+    row = top
+    for loop in x_loops:
+        row = renderer.open_loop(row, loop)
+    members = renderer.kernel.members
+    for group in loop_groups(renderer, [m for m in members if m.role == "reduction"]):
+        reduce_group(renderer, group, row, split)
+    for member in members:
+        if member.role == "row" and member.stored:
+            renderer.store_member(member, row)
+    full = [m for m in members if m.role == "full" and m.stored]
+    if full:
+        r_loops = renderer.plan.r_loops
+        if split:
+            pragma = renderer.parallel_pragma(renderer.rnumel, len(r_loops))
+            if pragma:
+                row.emit(pragma)
+        scope = row
+        for loop in r_loops:
+            scope = renderer.open_loop(scope, loop)
+        for member in full:
+            renderer.store_member(member, scope)
+        close_all(scope, row)
+    close_all(row, top)
+
+
+def loop_groups(renderer, reductions: list[KernelMember]) -> list[list[KernelMember]]:
+    """Consecutive reductions share one loop unless one reads another's result."""
+    groups: list[list[KernelMember]] = []
+    for member in reductions:
+        reads = _reads_in_kernel(renderer, member)
+        if groups and not any(m.node.name in reads for m in groups[-1]):
+            groups[-1].append(member)
+        else:
+            groups.append([member])
+    return groups
+
+
+def _reads_in_kernel(renderer, member: KernelMember) -> set[str]:
+    found, pending = set(), [member.body]
+    while pending:
+        for load in loads(pending.pop()):
+            if load.buffer in renderer.members and load.buffer not in found:
+                found.add(load.buffer)
+                inner = renderer.members[load.buffer]
+                if not isinstance(inner.node, Reduction):
+                    pending.append(inner.body)
+    return found
+
+
+def reduce_group(renderer, group: list[KernelMember], row: Scope, split: bool) -> None:
+    """One pass over the row computing every reduction of ``group``; registers its results."""
+    writer = renderer.writer
+    accs = []
+    for member in group:
+        node: Reduction = member.node
+        acc = red.accumulator(node.reduce_op, node.dtype, node.body.dtype)
+        name = writer.new_var("acc")
+        for line in red.declarations(acc, name):
+            row.emit(line)
+        accs.append((member, acc, name))
+    if split:
+        _split_pass(renderer, accs, row)
+    else:
+        scope = row
+        for loop in renderer.plan.r_loops[:-1]:
+            scope = renderer.open_loop(scope, loop)
+        accumulate(renderer, accs, scope, {name: name for _, _, name in accs}, "0", None)
+        close_all(scope, row)
+    for member, acc, name in accs:
+        result = writer.assign(red.result(acc, red.Slot(name), member.node.dtype), member.node.dtype, row, "red")
+        renderer.registers[member.node.name] = result
+        if member.stored:
+            renderer.store(member, result, row)
+
+
+def accumulate(renderer, accs, scope: Scope, targets: dict[str, str], start: str, end: str | None) -> None:
+    """The innermost reduced loop from ``start`` to ``end``, folding into ``targets``."""
+    writer = renderer.writer
+    inner = renderer.plan.r_loops[-1]
+    size = end or renderer.size_text(inner.size)
+    chunked = any(acc.part_type for _, acc, _ in accs) and not statically_at_most(inner.size, REDUCTION_CHUNK)
+    slots = dict(targets)
+    if chunked:  # float32 sums: float32 partials per chunk, folded into float64 (see reductions.py)
+        chunk = f"{inner.var.name}c"
+        scope.emit(f"for (int64_t {chunk} = {start}; {chunk} < {size}; {chunk} += {REDUCTION_CHUNK}) {{")
+        scope = scope.child()
+        start, size = chunk, f"tf_imin({chunk} + {REDUCTION_CHUNK}, {size})"
+        for _, acc, name in accs:
+            if acc.part_type:
+                slots[name] = writer.new_var("part")
+                for line in red.declarations(acc, slots[name], part=True):
+                    scope.emit(line)
+    # argmax/argmin must see elements in order (the first extreme wins): no simd for them.
+    if all(acc.omp_op is not None for _, acc, _ in accs):
+        clauses = [c for _, acc, name in accs for c in red.clauses(acc, slots[name])]
+        scope.emit("#pragma omp simd " + " ".join(clauses))
+    body = renderer.open_loop(scope, inner, start, size)
+    index = writer.index_text(renderer.flat_r_index(renderer.plan.substitution))
+    for member, acc, name in accs:
+        value = writer.text(renderer.body(member), body)
+        for line in red.update(acc, red.Slot(slots[name]), value, index):
+            body.emit(line)
+    scope.emit("}")
+    if chunked:
+        for _, acc, name in accs:
+            if slots[name] != name:
+                for line in red.combine(acc, red.Slot(targets[name]), red.Slot(slots[name])):
+                    scope.emit(line)
+        scope.parent.emit("}")
+
+
+def _split_pass(renderer, accs, row: Scope) -> None:
+    """One row across threads: each reduces a contiguous range into its own slot, then the
+    slots are combined in thread order (deterministic; argmax keeps the first extreme)."""
+    writer = renderer.writer
+    inner = renderer.plan.r_loops[0]
+    size = renderer.size_text(inner.size)
+    used = writer.new_var("nthreads")
+    row.emit(f"int {used} = 1;")
+    for _, acc, name in accs:
+        for line in red.declarations(acc, f"{name}_slot", length=str(MAX_SPLIT_THREADS)):
+            row.emit(line)
+    condition = "" if inner.size.is_number else f" if({size} >= {renderer_grain()})"
+    row.emit(f"#pragma omp parallel num_threads(tf_threads < {MAX_SPLIT_THREADS} ? tf_threads : "
+             f"{MAX_SPLIT_THREADS}){condition}")
+    row.emit("{")
+    region = row.child()
+    region.emit("const int tid = omp_get_thread_num(), nth = omp_get_num_threads();")
+    region.emit(f"if (tid == 0) {used} = nth;")
+    # Ranges are whole chunks, so every thread's float32 partials are as short as one row's.
+    region.emit(f"const int64_t per = (({size} + nth - 1) / nth + {REDUCTION_CHUNK - 1}) / {REDUCTION_CHUNK} * "
+                f"{REDUCTION_CHUNK};")
+    region.emit(f"const int64_t lo = tf_imin(tid * per, {size}), hi = tf_imin(lo + per, {size});")
+    mine = {}
+    for _, acc, name in accs:
+        mine[name] = f"{name}_mine"
+        for line in red.declarations(acc, mine[name]):
+            region.emit(line)
+    accumulate(renderer, accs, region, mine, "lo", "hi")
+    for _, acc, name in accs:
+        for line in _copy(acc, red.Slot(f"{name}_slot", "[tid]"), red.Slot(mine[name])):
+            region.emit(line)
+    row.emit("}")
+    row.emit(f"for (int t = 0; t < {used}; ++t) {{")
+    for _, acc, name in accs:
+        for line in red.combine(acc, red.Slot(name), red.Slot(f"{name}_slot", "[t]")):
+            row.emit("    " + line)
+    row.emit("}")
+
+
+def _copy(acc: red.Accumulator, target: red.Slot, source: red.Slot) -> list[str]:
+    lines = [f"{target.value} = {source.value};"]
+    if acc.tracks_nan:
+        lines.append(f"{target.nan} = {source.nan};")
+    if acc.is_arg:
+        lines.append(f"{target.index} = {source.index};")
+    return lines
+
+
+def renderer_grain() -> int:
+    from torchfuse.codegen.cpp.kernel import PARALLEL_GRAIN
+
+    return PARALLEL_GRAIN

@@ -1,0 +1,231 @@
+"""Build a graph's C++ translation unit into a shared library, cache it, load it with ctypes.
+
+One compiler call per graph: every kernel of the graph is in one source. The library is
+cached on disk under ``cache_dir()/cpp`` by a sha256 of the source, the flags and the
+compiler's identity (its resolved path, size and mtime, so that a second process never has
+to run the compiler, even for ``--version``) plus the CPU's model and flags (``-march=native``
+code must not run on another machine sharing the cache). Files are written to a temporary
+name and renamed, so concurrent processes never load half a library.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchfuse.runtime.kernel_cache import cache_dir
+
+# -O3 -march=native: vectorize for this CPU. -fno-math-errno and -fno-trapping-math change
+# no result (we never read errno or FP exception flags) but let sqrt and selects vectorize.
+# -ffp-contract=off: no fused multiply-adds, so results round like eager's (an FMA turns
+# x*y - x*y into a nonzero value, and inf - inf into -inf).
+BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
+              "-std=c++17", "-shared", "-fPIC", "-w")
+# Every symbol must resolve at link time: a missing libmvec function fails the build (and we
+# retry without libmvec) instead of failing when the library is loaded.
+LINK_FLAGS = ("-Wl,--no-undefined", "-lmvec", "-lm")
+NO_MVEC_FLAGS = ("-DTF_NO_MVEC",)
+
+
+class CppCompileError(RuntimeError):
+    """The C++ compiler is missing or rejected a generated source."""
+
+
+@dataclass
+class BuildStats:
+    compiler_calls: int = 0  # builds that ran the compiler in this process
+    disk_hits: int = 0  # libraries found on disk (built by an earlier process or graph)
+    memory_hits: int = 0  # libraries already loaded in this process
+
+
+stats = BuildStats()
+_loaded: dict[str, ctypes.CDLL] = {}
+_lock = threading.Lock()
+_compiler_checked: dict[str, str | None] = {}
+
+
+def find_compiler() -> str | None:
+    """The C++ compiler to use: ``$CXX``, else g++, else c++ (None when there is none)."""
+    key = os.environ.get("CXX", "")
+    if key not in _compiler_checked:
+        candidates = [key] if key else ["g++", "c++"]
+        found = None
+        for name in candidates:
+            path = shutil.which(name)
+            if path:
+                found = os.path.realpath(path)
+                break
+        _compiler_checked[key] = found
+    return _compiler_checked[key]
+
+
+def compiler_available() -> bool:
+    return find_compiler() is not None
+
+
+@dataclass(frozen=True)
+class Library:
+    """A loaded shared library and where it came from."""
+
+    handle: ctypes.CDLL
+    path: Path
+    source_path: Path
+
+    def function(self, name: str, pointer_count: int, size_count: int):
+        """The C function ``name(ptr..., int64..., int threads)`` as a ctypes callable."""
+        fn = getattr(self.handle, name)
+        fn.argtypes = [ctypes.c_void_p] * pointer_count + [ctypes.c_int64] * size_count + [ctypes.c_int]
+        fn.restype = None
+        return fn
+
+
+def build(source: str, name_hint: str = "graph") -> Library:
+    """Compile ``source`` (or find it compiled) and load it.
+
+    Raises:
+        CppCompileError: no compiler, or the compiler failed (with its message and the path
+            of the generated source).
+    """
+    compiler = find_compiler()
+    if compiler is None:
+        raise CppCompileError("no C++ compiler found (looked for $CXX, g++, c++); install g++ or set CXX")
+    flags = BASE_FLAGS + tuple(filter(None, os.environ.get("TORCHFUSE_CXXFLAGS", "").split()))
+    key = _cache_key(source, compiler, flags)
+    with _lock:
+        if key in _loaded:
+            stats.memory_hits += 1
+            return _library(key)
+        directory = cache_dir() / "cpp" / key[:2]
+        directory.mkdir(parents=True, exist_ok=True)
+        lib_path, src_path = directory / f"{key}.so", directory / f"{key}.cpp"
+        if lib_path.exists():
+            stats.disk_hits += 1
+        else:
+            _write_atomic(src_path, source.encode())
+            _compile(compiler, flags, src_path, lib_path, name_hint)
+        _loaded[key] = ctypes.CDLL(str(lib_path), mode=ctypes.RTLD_LOCAL)
+        _paths[key] = (lib_path, src_path)
+        return _library(key)
+
+
+_paths: dict[str, tuple[Path, Path]] = {}
+
+
+def _library(key: str) -> Library:
+    lib_path, src_path = _paths[key]
+    return Library(_loaded[key], lib_path, src_path)
+
+
+def _cache_key(source: str, compiler: str, flags: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    for part in (source, "\0".join(flags), _compiler_identity(compiler), _cpu_identity()):
+        digest.update(part.encode())
+        digest.update(b"\0\0")
+    return digest.hexdigest()
+
+
+def _compiler_identity(compiler: str) -> str:
+    info = os.stat(compiler)
+    return f"{compiler}:{info.st_size}:{info.st_mtime_ns}"
+
+
+_cpu: list[str] = []
+
+
+def _cpu_identity() -> str:
+    """Model name and feature flags: what ``-march=native`` compiles for."""
+    if not _cpu:
+        wanted = []
+        try:
+            with open("/proc/cpuinfo") as handle:
+                for line in handle:
+                    if line.startswith(("model name", "flags", "Features", "CPU part")):
+                        wanted.append(line.strip())
+                    if not line.strip() and wanted:
+                        break  # the first processor describes them all
+        except OSError:
+            import platform
+
+            wanted.append(platform.processor() or platform.machine())
+        _cpu.append("\n".join(wanted))
+    return _cpu[0]
+
+
+def _compile(compiler: str, flags: tuple[str, ...], source: Path, target: Path, name_hint: str) -> None:
+    """Run the compiler into a temporary file, then rename it into place."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        for extra in ((), NO_MVEC_FLAGS):
+            command = [compiler, *flags, *extra, str(source), "-o", tmp, *LINK_FLAGS]
+            if extra:
+                command.remove("-lmvec")
+            stats.compiler_calls += 1
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode == 0:
+                os.replace(tmp, target)
+                return
+            if extra or not _missing_mvec(done.stderr):
+                break
+        raise CppCompileError(
+            f"C++ compilation of {name_hint} failed (exit {done.returncode}); generated source: {source}\n"
+            f"command: {' '.join(command)}\n{done.stderr.strip()[-4000:]}"
+        )
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _missing_mvec(stderr: str) -> bool:
+    return "_ZGV" in stderr or "lmvec" in stderr
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+def clear_memory_cache() -> None:
+    """Forget loaded libraries (they stay mapped; the next build of a source reloads from disk)."""
+    with _lock:
+        _loaded.clear()
+        _paths.clear()
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def build_graph_kernels(kernels, buffers, graph_name: str) -> tuple[dict, dict]:
+    """Render a graph's fused kernels into one translation unit, build it and load it.
+
+    Args:
+        kernels: the schedule's ``FusedKernel``s.
+        buffers: the graph's buffers.
+        graph_name: for messages.
+    Returns:
+        (rendered ``CppKernel`` by kernel name, ctypes function by kernel name).
+    """
+    from torchfuse.codegen.cpp.kernel import render_kernel, render_module
+
+    avx512 = "avx512f" in _cpu_identity().split()
+    rendered = {k.name: render_kernel(k, buffers, avx512=avx512) for k in kernels}
+    if not rendered:
+        return {}, {}
+    library = build(render_module(list(rendered.values())), graph_name)
+    functions = {name: library.function(name, len(k.pointer_args), len(k.size_args)) for name, k in rendered.items()}
+    return rendered, functions
