@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script and of `python -m torchfuse`; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # everything after `bench` belongs to the suite's own parser
+        return run_bench(argparse.Namespace(bench_args=argv[1:]))
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
@@ -208,6 +211,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     spec = importlib.util.spec_from_file_location("torchfuse_cpu_suite", path)
     suite = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = suite  # its dataclasses look their module up by name
     spec.loader.exec_module(suite)
     return suite.main(list(args.bench_args))
 

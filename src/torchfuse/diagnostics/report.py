@@ -107,7 +107,7 @@ class GraphReport:
     def __str__(self) -> str:
         if self.kind == "eager":
             return (f"{self.name} (CPU): {len(self.aten_ops)} ops run as captured, unfused "
-                    "(the C++ target is not built yet; options={'target': 'triton'} runs Triton's interpreter)")
+                    "(no C++ compiler was found, or aot_autograd failed on it: see the warning)")
         lines = [f"{self.name} ({self.kind}, target={self.target}): {len(self.generated_kernels)} generated kernels, "
                  f"{len(self.kernels) - len(self.generated_kernels)} ATen calls, from {len(self.aten_ops)} ATen ops"]
         if self.error:

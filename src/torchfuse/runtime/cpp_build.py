@@ -25,7 +25,8 @@ from torchfuse.runtime.kernel_cache import cache_dir
 # -O3 -march=native: vectorize for this CPU. -fno-math-errno and -fno-trapping-math change
 # no result (we never read errno or FP exception flags) but let sqrt and selects vectorize.
 # -ffp-contract=off: no fused multiply-adds, so results round like eager's (an FMA turns
-# x*y - x*y into a nonzero value, and inf - inf into -inf).
+# x*y - x*y into a nonzero value, and inf - inf into -inf). $TORCHFUSE_CXXFLAGS adds flags
+# (debugging: e.g. -fopt-info-vec); they are part of the cache key.
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
               "-std=c++17", "-shared", "-fPIC", "-w")
 # Every symbol must resolve at link time: a missing libmvec function fails the build (and we
@@ -46,7 +47,8 @@ class BuildStats:
 
 
 stats = BuildStats()
-_loaded: dict[str, ctypes.CDLL] = {}
+_loaded: dict[str, ctypes.CDLL] = {}  # cache key -> loaded library
+_paths: dict[str, tuple[Path, Path]] = {}  # cache key -> (library, source)
 _lock = threading.Lock()
 _compiler_checked: dict[str, str | None] = {}
 
@@ -113,9 +115,6 @@ def build(source: str, name_hint: str = "graph") -> Library:
         _loaded[key] = ctypes.CDLL(str(lib_path), mode=ctypes.RTLD_LOCAL)
         _paths[key] = (lib_path, src_path)
         return _library(key)
-
-
-_paths: dict[str, tuple[Path, Path]] = {}
 
 
 def _library(key: str) -> Library:
@@ -205,12 +204,13 @@ _warned: set[str] = set()
 
 
 def warn_once(message: str) -> None:
+    """One warning per distinct message per process (a missing compiler, not once per graph)."""
     if message not in _warned:
         _warned.add(message)
         warnings.warn(message, stacklevel=3)
 
 
-def build_graph_kernels(kernels, buffers, graph_name: str) -> tuple[dict, dict]:
+def build_graph_kernels(kernels: list, buffers: dict, graph_name: str) -> tuple[dict, dict]:
     """Render a graph's fused kernels into one translation unit, build it and load it.
 
     Args:

@@ -153,6 +153,7 @@ class ExpressionWriter:
         return self.assign(load_text(self.pointer_of(expr.buffer), offset, buffer.dtype), buffer.dtype, scope)
 
     def index_text(self, expr: sympy.Expr) -> str:
+        """C++ text of an index; the sizes it mentions become kernel arguments."""
         self.sizes_used |= size_symbols(sympy.sympify(expr))
         return print_index(expr)
 
@@ -190,14 +191,12 @@ def _special_pow(expr: Op, writer: ExpressionWriter, scope: Scope) -> Value | No
     dtype = compute_dtype(expr.dtype)
     base = writer.text(expr.args[0], scope)
     if not dtype.is_floating_point:
-        if exponent.is_integer() and 0 <= exponent <= 4:
-            text = " * ".join([base] * int(exponent)) if exponent else "1"
-            if exponent > 1:  # wrap on overflow, as ATen
-                text = base
-                for _ in range(int(exponent) - 1):
-                    text = f"tf_wmul<{storage_type(dtype)}>({text}, {base})"
-            return writer.assign(text, dtype, scope)
-        return None
+        if not (exponent.is_integer() and 0 <= exponent <= 4):
+            return None
+        text = "1" if exponent == 0 else base
+        for _ in range(int(exponent) - 1):  # multiplications that wrap on overflow, as ATen's
+            text = f"tf_wmul<{storage_type(dtype)}>({text}, {base})"
+        return writer.assign(text, dtype, scope)
     one = literal(1, dtype)
     if exponent == 0.5:
         return writer.assign(f"std::sqrt({base})", dtype, scope)

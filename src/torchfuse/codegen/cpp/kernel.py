@@ -4,12 +4,15 @@ Mirrors ``codegen/triton/kernel.py``. Where Triton tiles a flat ``xindex``, a C+
 is a loop nest (``loops.py`` merges kernel variables where that is free):
 
 - pointwise: OpenMP-parallel outer loops, a contiguous innermost loop GCC vectorizes;
-- reduction, ``rows`` strategy: one parallel iteration per row; each group of independent
-  reductions is one chunked SIMD loop over the row (``reductions.py``), then the row's
+- reduction, ``rows`` strategy (``rows.py``): one parallel iteration per row; each group of
+  independent reductions is one SIMD loop over the row (``reductions.py``), then the row's
   pointwise members, then one loop storing the members over rows x reduced dims. A second
   pass over a row re-reads it from cache, so there is no separate "persistent" variant;
+  ``split``: the same for a few long rows, each row split across threads;
 - reduction, ``tiled`` strategy (``tiled.py``): when rows are contiguous and the reduced
   dims are strided (a column sum), a block of rows advances together, innermost.
+
+``strategies.py`` chooses among them.
 
 As in Triton, stores of buffers only read inside the kernel are dropped, in-kernel reads
 of pointwise members are recomputed and reads of reductions come from registers.
@@ -53,29 +56,36 @@ class CppKernel:
 
 
 class CppKernelRenderer:
-    def __init__(self, kernel: FusedKernel, buffers: dict[str, Buffer], size_hint=lambda e: 0,
-                 avx512: bool = False) -> None:
+    """Renders one kernel; the strategies call back into it for values, stores and loops.
+
+    Args:
+        kernel: the scheduled kernel.
+        buffers: the graph's buffers.
+        avx512: the CPU has AVX-512 (kernels heavy in math functions then use 512-bit vectors).
+    """
+
+    def __init__(self, kernel: FusedKernel, buffers: dict[str, Buffer], avx512: bool = False) -> None:
         self.kernel = kernel
         self.avx512 = avx512
         self.buffers = buffers
-        self.size_hint = size_hint
         self.members = {m.node.name: m for m in kernel.members}
         self.pointers: dict[str, str] = {}
         self.written: set[str] = set()
         self.registers: dict[str, Value] = {}
-        self.writer = ExpressionWriter(buffers, self._pointer, self._resolve_load)
+        self.writer = ExpressionWriter(buffers, self.pointer, self._resolve_load)
         self.plan: LoopPlan = plan_loops(kernel.x_vars, kernel.x_ranges, kernel.r_vars, kernel.r_ranges,
                                          self._index_exprs())
         self.xnumel = product(kernel.x_ranges)
         self.rnumel = product(kernel.r_ranges)
 
     # -- hooks for the expression writer --------------------------------------------------
-    def _pointer(self, buffer: str) -> str:
+    def pointer(self, buffer: str) -> str:
+        """The kernel argument pointing at ``buffer`` (arguments in order of first use)."""
         if buffer not in self.pointers:
             self.pointers[buffer] = f"ptr{len(self.pointers)}"
         return self.pointers[buffer]
 
-    def _resolve_load(self, load: Load, scope: Scope):
+    def _resolve_load(self, load: Load, scope: Scope) -> Value | Expr | None:
         if load.buffer in self.registers:
             return self.registers[load.buffer]
         member = self.members.get(load.buffer)
@@ -121,6 +131,7 @@ class CppKernelRenderer:
         return simplify_index(direct)
 
     def store_offset(self, member: KernelMember, substitution: dict) -> sympy.Expr:
+        """Where ``member`` stores its value, relative to its buffer's ``data_ptr()``."""
         node = member.node
         buffer = self.buffers[node.name]
         index = tuple(member.var_map.get(v, v) for v in node.vars)
@@ -128,6 +139,7 @@ class CppKernelRenderer:
         return simplify_index(sympy.sympify(offset).xreplace(substitution))
 
     def flat_r_index(self, substitution: dict) -> sympy.Expr:
+        """The row-major position within the reduced dims (what argmax returns)."""
         ranges, flat = self.kernel.r_ranges, sympy.Integer(0)
         for k, var in enumerate(self.kernel.r_vars):
             flat = flat + var * product(ranges[k + 1:])
@@ -145,7 +157,7 @@ class CppKernelRenderer:
         text = value.text
         if value.dtype != compute_dtype(node.dtype):
             text = f"static_cast<{value_type(node.dtype)}>({text})"
-        scope.emit(f"{self._pointer(node.name)}[{offset}] = {store_text(text, node.dtype)};")
+        scope.emit(f"{self.pointer(node.name)}[{offset}] = {store_text(text, node.dtype)};")
 
     def store_member(self, member: KernelMember, scope: Scope) -> None:
         self.store(member, self.writer.value(self.body(member), scope), scope)
@@ -153,7 +165,7 @@ class CppKernelRenderer:
     def size_text(self, expr: sympy.Expr) -> str:
         return self.writer.index_text(expr)
 
-    def parallel_pragma(self, work: sympy.Expr, collapse: int = 1, extra: str = "") -> str | None:
+    def parallel_pragma(self, work: sympy.Expr, collapse: int = 1) -> str | None:
         """The ``omp parallel for`` line for ``work`` elements, or None when too small to split."""
         work = sympy.sympify(work)
         condition = ""
@@ -163,7 +175,7 @@ class CppKernelRenderer:
         else:
             condition = f" if({self.size_text(work)} >= {PARALLEL_GRAIN})"
         clause = f" collapse({collapse})" if collapse > 1 else ""
-        return f"#pragma omp parallel for num_threads(tf_threads) schedule(static){clause}{condition}{extra}"
+        return f"#pragma omp parallel for num_threads(tf_threads) schedule(static){clause}{condition}"
 
     def open_loop(self, scope: Scope, loop: Loop, start: str = "0", end: str | None = None) -> Scope:
         end = end if end is not None else self.size_text(loop.size)
@@ -202,9 +214,9 @@ class CppKernelRenderer:
                          self.kernel.kind, strategy, self.kernel.origins)
 
 
-def render_kernel(kernel: FusedKernel, buffers: dict[str, Buffer], size_hint=lambda e: 0,
-                  avx512: bool = False) -> CppKernel:
-    return CppKernelRenderer(kernel, buffers, size_hint, avx512).render()
+def render_kernel(kernel: FusedKernel, buffers: dict[str, Buffer], avx512: bool = False) -> CppKernel:
+    """The C++ source of one kernel and its calling convention."""
+    return CppKernelRenderer(kernel, buffers, avx512).render()
 
 
 def render_module(kernels: list[CppKernel]) -> str:

@@ -8,10 +8,13 @@ row re-reads it from cache.
 """
 from __future__ import annotations
 
+import torch
+
 from torchfuse.codegen.cpp import reductions as red
 from torchfuse.codegen.cpp.expressions import Scope
+from torchfuse.codegen.cpp.printer import compute_dtype
 from torchfuse.codegen.cpp.strategies import close_all, statically_at_most
-from torchfuse.ir.expr import loads
+from torchfuse.ir.expr import Expr, Op, loads, walk
 from torchfuse.ir.graph import Reduction
 from torchfuse.scheduler.kernel import KernelMember
 
@@ -23,6 +26,7 @@ MAX_SPLIT_THREADS = 64
 
 
 def render_rows(renderer, top: Scope, split: bool) -> None:
+    """Rows in parallel (``split``: rows in order, each split across threads)."""
     x_loops = renderer.plan.x_loops
     if x_loops and not split:
         pragma = renderer.parallel_pragma(renderer.xnumel * renderer.rnumel, len(x_loops))
@@ -32,25 +36,71 @@ def render_rows(renderer, top: Scope, split: bool) -> None:
     for loop in x_loops:
         row = renderer.open_loop(row, loop)
     members = renderer.kernel.members
-    for group in loop_groups(renderer, [m for m in members if m.role == "reduction"]):
-        reduce_group(renderer, group, row, split)
+    full = [m for m in members if m.role == "full" and m.stored]
+    groups = loop_groups(renderer, [m for m in members if m.role == "reduction"])
+    reuse = {} if split or not groups else reused_values(renderer, groups[-1], full)
+    for k, group in enumerate(groups):
+        reduce_group(renderer, group, row, split, reuse if k == len(groups) - 1 else {})
     for member in members:
         if member.role == "row" and member.stored:
             renderer.store_member(member, row)
-    full = [m for m in members if m.role == "full" and m.stored]
     if full:
-        r_loops = renderer.plan.r_loops
-        if split:
-            pragma = renderer.parallel_pragma(renderer.rnumel, len(r_loops))
-            if pragma:
-                row.emit(pragma)
-        scope = row
-        for loop in r_loops:
-            scope = renderer.open_loop(scope, loop)
-        for member in full:
-            renderer.store_member(member, scope)
-        close_all(scope, row)
+        _store_full(renderer, full, row, split, reuse)
     close_all(row, top)
+
+
+def _store_full(renderer, full: list[KernelMember], row: Scope, split: bool, reuse: dict[KernelMember, Expr]) -> None:
+    """One loop over the reduced dims storing the members over rows x reduced dims."""
+    r_loops = renderer.plan.r_loops
+    if split:
+        pragma = renderer.parallel_pragma(renderer.rnumel, len(r_loops))
+        if pragma:
+            row.emit(pragma)
+    scope = row
+    for loop in r_loops:
+        scope = renderer.open_loop(scope, loop)
+    for member in full:
+        if member in reuse:  # computed by the last reduction pass and parked in the output
+            offset = renderer.writer.index_text(renderer.store_offset(member, renderer.plan.substitution))
+            parked = renderer.writer.assign(f"{renderer.pointer(member.node.name)}[{offset}]", member.node.dtype, scope)
+            scope.cache[reuse[member]] = parked
+            renderer.store(member, renderer.writer.value(renderer.inlined(renderer.body(member)), scope), scope)
+        else:
+            renderer.store_member(member, scope)
+    close_all(scope, row)
+
+
+# Ops worth a store and a reload (from cache) rather than computing twice.
+EXPENSIVE = frozenset("exp exp2 expm1 log log2 log10 log1p erf erfc erfinv tanh sigmoid pow sin cos tan lgamma".split())
+
+
+def reused_values(renderer, last_group: list[KernelMember], full: list[KernelMember]) -> dict[KernelMember, Expr]:
+    """Expensive values that a full member needs and the last reduction pass computes anyway.
+
+    Softmax's ``exp(x - max) / sum`` recomputes the ``exp`` that its sum already computed.
+    Eager's kernel writes that ``exp`` to the output during the sum and rescales it in place;
+    so do we: the sum's pass stores the value in the member's own buffer and the final pass
+    reads it back (from cache: the row was just written) instead of recomputing it. Only for
+    float32/float64 outputs, which hold the value exactly.
+    """
+    computed: set[Expr] = set()
+    for member in last_group:
+        computed |= {e for e in walk(renderer.inlined(renderer.body(member))) if isinstance(e, Op)}
+    found: dict[KernelMember, Expr] = {}
+    for member in full:
+        dtype = member.node.dtype
+        if dtype not in (torch.float32, torch.float64):
+            continue
+        for expr in _outermost_first(renderer.inlined(renderer.body(member))):
+            if (isinstance(expr, Op) and expr.name in EXPENSIVE and expr in computed
+                    and compute_dtype(expr.dtype) == dtype):
+                found[member] = expr
+                break
+    return found
+
+
+def _outermost_first(expr: Expr) -> list[Expr]:
+    return list(reversed(list(walk(expr))))
 
 
 def loop_groups(renderer, reductions: list[KernelMember]) -> list[list[KernelMember]]:
@@ -77,8 +127,10 @@ def _reads_in_kernel(renderer, member: KernelMember) -> set[str]:
     return found
 
 
-def reduce_group(renderer, group: list[KernelMember], row: Scope, split: bool) -> None:
-    """One pass over the row computing every reduction of ``group``; registers its results."""
+def reduce_group(renderer, group: list[KernelMember], row: Scope, split: bool,
+                 parked: dict[KernelMember, Expr]) -> None:
+    """One pass over the row computing every reduction of ``group``; registers its results.
+    ``parked`` values are stored into their member's buffer on the way (``reused_values``)."""
     writer = renderer.writer
     accs = []
     for member in group:
@@ -94,7 +146,7 @@ def reduce_group(renderer, group: list[KernelMember], row: Scope, split: bool) -
         scope = row
         for loop in renderer.plan.r_loops[:-1]:
             scope = renderer.open_loop(scope, loop)
-        accumulate(renderer, accs, scope, {name: name for _, _, name in accs}, "0", None)
+        accumulate(renderer, accs, scope, {name: name for _, _, name in accs}, "0", None, parked)
         close_all(scope, row)
     for member, acc, name in accs:
         result = writer.assign(red.result(acc, red.Slot(name), member.node.dtype), member.node.dtype, row, "red")
@@ -103,7 +155,8 @@ def reduce_group(renderer, group: list[KernelMember], row: Scope, split: bool) -
             renderer.store(member, result, row)
 
 
-def accumulate(renderer, accs, scope: Scope, targets: dict[str, str], start: str, end: str | None) -> None:
+def accumulate(renderer, accs, scope: Scope, targets: dict[str, str], start: str, end: str | None,
+               parked: dict[KernelMember, Expr] | None = None) -> None:
     """The innermost reduced loop from ``start`` to ``end``, folding into ``targets``."""
     writer = renderer.writer
     inner = renderer.plan.r_loops[-1]
@@ -130,6 +183,8 @@ def accumulate(renderer, accs, scope: Scope, targets: dict[str, str], start: str
         value = writer.text(renderer.body(member), body)
         for line in red.update(acc, red.Slot(slots[name]), value, index):
             body.emit(line)
+    for member, expr in (parked or {}).items():
+        renderer.store(member, writer.value(expr, body), body)
     scope.emit("}")
     if chunked:
         for _, acc, name in accs:

@@ -11,6 +11,7 @@ import sympy
 from torchfuse.codegen.cpp.expressions import Scope
 from torchfuse.codegen.cpp.kernel import PARALLEL_GRAIN
 from torchfuse.codegen.cpp.loops import Loop
+from torchfuse.codegen.cpp.splits import specialize, split_points
 from torchfuse.ir.expr import Load, walk
 from torchfuse.ir.symbols import linear_coefficients, product
 
@@ -46,26 +47,32 @@ def wants_split(renderer) -> bool:
 
 
 def wants_tiles(renderer) -> bool:
-    """Rows contiguous, reduced dims strided (a column sum): loads walk memory contiguously
-    only if a block of rows advances together, innermost."""
+    """Rows contiguous, reduced dims strided (a column sum, a norm's weight gradient): loads
+    walk memory contiguously only if a block of rows advances together, innermost.
+
+    Decided by the loads over rows x reduced dims (of reductions and full members): tiles
+    when some walk the rows contiguously and none walks the reduced dim contiguously. Loads
+    of per-reduced-position vectors (no row index, e.g. a norm's saved mean) do not count.
+    """
     plan = renderer.plan
     if not plan.x_loops or statically_at_most(plan.x_loops[-1].size, 4):
         return False
     x_var, r_var = plan.x_loops[-1].var, plan.r_loops[-1].var
     along_x = along_r = 0
     for member in renderer.kernel.members:
-        if member.role != "reduction":
+        if member.role not in ("reduction", "full"):
             continue
         for node in walk(renderer.inlined(renderer.body(member))):
             if not isinstance(node, Load) or node.buffer in renderer.members:
                 continue
-            offset = renderer.load_offset(node)
-            found = linear_coefficients(offset, [x_var, r_var])
+            found = linear_coefficients(renderer.load_offset(node), [x_var, r_var])
             if found is None:
                 continue
             (cx, cr), _ = found
+            if cx == 0 or cr == 0:
+                continue  # the same value along a whole tile, or along a whole row
             along_r += cr == 1
-            along_x += cx == 1 and cr != 0
+            along_x += cx == 1
     return along_x > 0 and along_r == 0
 
 
@@ -99,6 +106,18 @@ def render_pointwise(renderer, top: Scope) -> None:
         scope.emit(f"const int64_t {end} = tf_imin({start} + {POINTWISE_CHUNK}, {renderer.size_text(inner.size)});")
         scope = renderer.open_loop(scope, inner, start, end)
     else:
+        bodies = {id(m): renderer.inlined(renderer.body(m)) for m in stored}
+        points = split_points(list(bodies.values()), inner.var, inner.size)
+        if points and outer:  # cat / pad: one contiguous piece per source (splits.py)
+            bounds = [0, *points, int(inner.size)]
+            for start, end in zip(bounds, bounds[1:]):
+                piece = renderer.open_loop(scope, inner, str(start), str(end))
+                for member in stored:
+                    renderer.store(member, renderer.writer.value(specialize(bodies[id(member)], inner.var, start, end),
+                                                                 piece), piece)
+                scope.emit("}")
+            close_all(scope, top)
+            return
         scope = renderer.open_loop(scope, inner)
     for member in stored:
         renderer.store_member(member, scope)

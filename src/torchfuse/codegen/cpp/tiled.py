@@ -30,9 +30,9 @@ class _Tile:
     def at(self) -> str:
         return f"[{self.lane} - {self.start}]"
 
-    def open(self, renderer, scope: Scope, simd: bool = True) -> Scope:
-        if simd:
-            scope.emit("#pragma omp simd")
+    def open(self, renderer, scope: Scope) -> Scope:
+        """A SIMD loop over the tile's rows (each iteration touches only its own row's slots)."""
+        scope.emit("#pragma omp simd")
         scope.emit(f"for (int64_t {self.lane} = {self.start}; {self.lane} < {self.end}; ++{self.lane}) {{")
         return scope.child()
 
