@@ -43,7 +43,7 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
         try:
             return compile_with_aot(gm, example_inputs)
         except Exception as error:  # noqa: BLE001 - aot_autograd itself failed: run as captured
-            if options.strict:
+            if options.strict or _is_dynamo_control_flow(error):
                 raise
             warnings.warn(f"torchfuse: AOTAutograd could not trace a graph ({type(error).__name__}: "
                           f"{str(error).splitlines()[0] if str(error) else ''}); running it as captured. "
@@ -51,6 +51,16 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
             return _run_eagerly(gm, f"{type(error).__name__}: {error}")
 
     return backend
+
+
+def _is_dynamo_control_flow(error: Exception) -> bool:
+    """Exceptions Dynamo uses to restart analysis (e.g. to re-trace with a float specialised):
+    they are signals for Dynamo, not failures, and must reach it."""
+    from torch._dynamo import exc
+
+    signals = tuple(getattr(exc, name) for name in ("TensorifyScalarRestartAnalysis", "RestartAnalysis")
+                    if hasattr(exc, name))
+    return isinstance(error, signals)
 
 
 def _any_cuda(values: list[Any]) -> bool:
