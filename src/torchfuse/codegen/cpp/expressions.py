@@ -12,6 +12,7 @@ from typing import Callable
 import sympy
 import torch
 
+from torchfuse.codegen.scope import Scope  # noqa: F401  (re-exported for renderers)
 from torchfuse.codegen.cpp.ops import CPP_OPS
 from torchfuse.codegen.cpp.printer import compute_dtype, literal, print_index, storage_type, value_type
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where
@@ -26,30 +27,6 @@ class Value:
     text: str
     dtype: torch.dtype
     is_literal: bool = False
-
-
-@dataclass
-class Scope:
-    """Generated lines plus the CSE cache; a loop body is a child scope of its parent."""
-
-    lines: list[str]
-    indent: str
-    parent: "Scope | None" = None
-    cache: dict = field(default_factory=dict)
-
-    def lookup(self, key) -> Value | None:
-        scope: Scope | None = self
-        while scope is not None:
-            if key in scope.cache:
-                return scope.cache[key]
-            scope = scope.parent
-        return None
-
-    def emit(self, line: str) -> None:
-        self.lines.append(self.indent + line)
-
-    def child(self) -> "Scope":
-        return Scope(self.lines, self.indent + "    ", parent=self)
 
 
 # Loads resolved by the kernel: a register (reduction result) or an expression to inline.

@@ -7,6 +7,7 @@ from typing import Callable
 import sympy
 import torch
 
+from torchfuse.codegen.scope import Scope  # noqa: F401  (re-exported for renderers)
 from torchfuse.codegen.triton.ops import OPERATOR_OPS, TRITON_OPS
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where
@@ -20,27 +21,6 @@ class Value:
 
     text: str
     is_tensor: bool
-
-
-@dataclass
-class Scope:
-    """Generated lines plus the CSE cache; a loop body is a child scope of the row scope."""
-
-    lines: list[str]
-    indent: str
-    parent: "Scope | None" = None
-    cache: dict = field(default_factory=dict)
-
-    def lookup(self, key) -> Value | None:
-        scope: Scope | None = self
-        while scope is not None:
-            if key in scope.cache:
-                return scope.cache[key]
-            scope = scope.parent
-        return None
-
-    def emit(self, line: str) -> None:
-        self.lines.append(self.indent + line)
 
 
 class ExpressionWriter:
