@@ -43,6 +43,7 @@ class CppCompileError(RuntimeError):
 class BuildStats:
     compiler_calls: int = 0  # builds that ran the compiler in this process
     disk_hits: int = 0  # libraries found on disk (built by an earlier process or graph)
+    corrupt_entries: int = 0  # cached libraries that failed their digest check and were rebuilt
     memory_hits: int = 0  # libraries already loaded in this process
 
 
@@ -107,11 +108,12 @@ def build(source: str, name_hint: str = "graph") -> Library:
         directory = cache_dir() / "cpp" / key[:2]
         directory.mkdir(parents=True, exist_ok=True)
         lib_path, src_path = directory / f"{key}.so", directory / f"{key}.cpp"
-        if lib_path.exists():
+        if lib_path.exists() and _intact(lib_path):
             stats.disk_hits += 1
         else:
             _write_atomic(src_path, source.encode())
             _compile(compiler, flags, src_path, lib_path, name_hint)
+            _write_atomic(_digest_path(lib_path), _digest(lib_path).encode())
         _loaded[key] = ctypes.CDLL(str(lib_path), mode=ctypes.RTLD_LOCAL)
         _paths[key] = (lib_path, src_path)
         return _library(key)
@@ -180,6 +182,29 @@ def _compile(compiler: str, flags: tuple[str, ...], source: Path, target: Path, 
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _digest_path(lib_path: Path) -> Path:
+    return lib_path.with_suffix(".sha256")
+
+
+def _intact(lib_path: Path) -> bool:
+    """A cached library is loaded only if its bytes hash to the digest written beside it;
+    a truncated or corrupted one (or one without a digest) is deleted and rebuilt."""
+    digest_path = _digest_path(lib_path)
+    try:
+        if digest_path.read_text().strip() == _digest(lib_path):
+            return True
+    except OSError:
+        pass
+    stats.corrupt_entries += 1
+    for path in (lib_path, digest_path):
+        path.unlink(missing_ok=True)
+    return False
 
 
 def _missing_mvec(stderr: str) -> bool:
