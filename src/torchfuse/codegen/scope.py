@@ -29,3 +29,28 @@ class Scope:
     def child(self) -> "Scope":
         """A nested block (a loop body) one indent deeper."""
         return Scope(self.lines, self.indent + "    ", parent=self)
+
+
+class CseWriter:
+    """What every renderer's expression writer shares: fresh names, the memoised ``value``
+    (one generated statement per distinct sub-expression in a scope) and the size symbols the
+    kernel text mentions (they become kernel arguments). Subclasses implement ``_emit``."""
+
+    def __init__(self) -> None:
+        self.counter = 0
+        self.sizes_used: set = set()
+
+    def new_var(self, prefix: str = "tmp") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def value(self, expr, scope: Scope):
+        cached = scope.lookup(expr)
+        if cached is not None:
+            return cached
+        result = self._emit(expr, scope)
+        scope.cache[expr] = result
+        return result
+
+    def _emit(self, expr, scope: Scope):  # pragma: no cover - abstract
+        raise NotImplementedError

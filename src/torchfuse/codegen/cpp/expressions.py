@@ -12,7 +12,7 @@ from typing import Callable
 import sympy
 import torch
 
-from torchfuse.codegen.scope import Scope  # noqa: F401  (re-exported for renderers)
+from torchfuse.codegen.scope import CseWriter, Scope  # noqa: F401  (Scope re-exported)
 from torchfuse.codegen.cpp.ops import CPP_OPS
 from torchfuse.codegen.cpp.printer import compute_dtype, literal, print_index, storage_type, value_type
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where
@@ -33,7 +33,7 @@ class Value:
 LoadResolver = Callable[[Load, Scope], "Value | Expr | None"]
 
 
-class ExpressionWriter:
+class ExpressionWriter(CseWriter):
     """Turns ``Expr`` trees (indices already in loop variables) into C++ statements.
 
     Args:
@@ -47,20 +47,7 @@ class ExpressionWriter:
         self.buffers = buffers
         self.pointer_of = pointer_of
         self.resolve_load = resolve_load
-        self.counter = 0
-        self.sizes_used: set[sympy.Symbol] = set()
-
-    def new_var(self, prefix: str = "tmp") -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
-
-    def value(self, expr: Expr, scope: Scope) -> Value:
-        cached = scope.lookup(expr)
-        if cached is not None:
-            return cached
-        result = self._emit(expr, scope)
-        scope.cache[expr] = result
-        return result
+        super().__init__()
 
     def text(self, expr: Expr, scope: Scope) -> str:
         return self.value(expr, scope).text

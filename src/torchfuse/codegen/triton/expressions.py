@@ -7,7 +7,7 @@ from typing import Callable
 import sympy
 import torch
 
-from torchfuse.codegen.scope import Scope  # noqa: F401  (re-exported for renderers)
+from torchfuse.codegen.scope import CseWriter, Scope  # noqa: F401  (Scope re-exported)
 from torchfuse.codegen.triton.ops import OPERATOR_OPS, TRITON_OPS
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where
@@ -23,7 +23,7 @@ class Value:
     is_tensor: bool
 
 
-class ExpressionWriter:
+class ExpressionWriter(CseWriter):
     """Turns ``Expr`` trees into Triton statements inside a ``Scope``.
 
     Args:
@@ -43,20 +43,7 @@ class ExpressionWriter:
         self.mask_for = mask_for
         self.resolve_load = resolve_load
         self.unit_shape = unit_shape
-        self.counter = 0
-        self.sizes_used: set[sympy.Symbol] = set()
-
-    def new_var(self, prefix: str = "tmp") -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
-
-    def value(self, expr: Expr, scope: Scope) -> Value:
-        cached = scope.lookup(expr)
-        if cached is not None:
-            return cached
-        result = self._emit(expr, scope)
-        scope.cache[expr] = result
-        return result
+        super().__init__()
 
     def tensor(self, expr: Expr, scope: Scope) -> str:
         """``expr`` as a tensor (scalars are widened with tl.full)."""
