@@ -25,6 +25,11 @@ class KernelMember:
     stored: bool = True  # False when every reader is inside this kernel
     own_body: Expr | None = None  # the body with producers inlined, in the node's own variables
 
+    def body_at(self, index) -> Expr:
+        """The inlined body read at ``index`` (how kernel-mates recompute a pointwise member)."""
+        own = self.own_body if self.own_body is not None else self.node.body
+        return substitute_index(own, dict(zip(self.node.vars, index)))
+
     @property
     def body(self) -> Expr:
         """The inlined body in kernel variables."""

@@ -248,6 +248,5 @@ def _in_kernel_read_problem(own_body: Expr, var_map: dict, kernel: FusedKernel, 
                 if tuple(load.index) != row:
                     return f"reads reduction {load.buffer} at {load.index}, not at the current row"
             else:
-                inner = getattr(member, "own_body", member.node.body)
-                pending.append(substitute_index(inner, dict(zip(member.node.vars, load.index))))
+                pending.append(member.body_at(load.index))
     return None

@@ -91,8 +91,7 @@ class CppKernelRenderer:
         member = self.members.get(load.buffer)
         if member is None or isinstance(member.node, Reduction):
             return None
-        body = member.own_body if member.own_body is not None else member.node.body
-        return substitute_index(body, dict(zip(member.node.vars, load.index)))
+        return member.body_at(load.index)
 
     # -- analysis ---------------------------------------------------------------------------
     def inlined(self, body: Expr) -> Expr:
@@ -104,8 +103,7 @@ class CppKernelRenderer:
             member = self.members.get(node.buffer)
             if member is None or isinstance(member.node, Reduction):
                 return None
-            inner = member.own_body if member.own_body is not None else member.node.body
-            return self.inlined(substitute_index(inner, dict(zip(member.node.vars, node.index))))
+            return self.inlined(member.body_at(node.index))
 
         return transform(body, rewrite)
 

@@ -86,8 +86,7 @@ class KernelRenderer:
         member = self.members.get(load.buffer)
         if member is None or isinstance(member.node, Reduction):
             return None
-        body = member.own_body if member.own_body is not None else member.node.body
-        return substitute_index(body, dict(zip(member.node.vars, load.index)))
+        return member.body_at(load.index)
 
     # -- rendering -------------------------------------------------------------------------
     def flat_body(self, member: KernelMember) -> Expr:
