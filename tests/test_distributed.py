@@ -21,7 +21,10 @@ def _free_port() -> int:
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
 def test_ddp_gradients_match_eager(tmp_path):
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    # Loopback only: gloo otherwise picks the interface the host name resolves to, which on some
+    # CI machines is unreachable and makes the rendezvous hang.
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1",
+               GLOO_SOCKET_IFNAME="lo", TORCHFUSE_DDP_INIT=f"file://{tmp_path / 'rendezvous'}")
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"), env.get("PYTHONPATH", "")])
     world = 2
     outputs = [tmp_path / f"rank{r}.pt" for r in range(world)]
@@ -37,7 +40,8 @@ def test_ddp_gradients_match_eager(tmp_path):
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
-            pytest.fail("DDP workers did not finish in 240 s")
+            partial = [p.communicate()[0][-2000:] for p in procs]
+            pytest.fail("DDP workers did not finish in 240 s; their output:\n" + "\n---\n".join(partial))
     for proc, log in zip(procs, logs):
         assert proc.returncode == 0, log[-3000:]
     results = [torch.load(path) for path in outputs]

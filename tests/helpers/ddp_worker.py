@@ -2,6 +2,7 @@
 eagerly, under DistributedDataParallel (gloo, CPU); write both gradients to a file."""
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 
@@ -30,7 +31,10 @@ def train_step(model: torch.nn.Module, rank: int) -> list[torch.Tensor]:
 
 def main() -> None:
     rank, world, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A file rendezvous and a short timeout: a broken network set-up fails in a minute with a
+    # message instead of hanging the test run.
+    dist.init_process_group("gloo", init_method=os.environ.get("TORCHFUSE_DDP_INIT", "env://"),
+                            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=90))
     eager = DistributedDataParallel(make_model())
     # The pattern PyTorch recommends: compile the module, then wrap it in DDP.
     inner = torchfuse.compile(make_model(), options={"target": "triton", "strict": True})
