@@ -8,7 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import torchfuse
-from benchmarks.patterns import PATTERNS, to_reference
+from torchfuse.bench.patterns import PATTERNS, to_reference
 from conftest import compile_strict
 from torchfuse.models.llama import make_llama_block
 

@@ -3,7 +3,7 @@
 Subcommands:
     demo   compile a LLaMA-style block, check it against eager, print the report and timings.
     doctor run a script unchanged with every torch.compile observed; report pitfalls and fixes.
-    bench  the CPU benchmark suite: eager vs Inductor vs torchfuse (benchmarks/cpu_suite.py).
+    bench  the benchmark suites: eager vs Inductor vs torchfuse (torchfuse.bench).
 
 Each subcommand is an `_add_<name>` function that registers its parser and sets `func`; a new
 subcommand is one more such function and one line in `build_parser`.
@@ -130,7 +130,7 @@ def run_demo(args: argparse.Namespace) -> int:
     _print_timings(eager_ms, fused_ms, device, steps)
     if device.type == "cpu" and not getattr(args, "no_bench", False):
         print("\nNo GPU here: the CPU benchmark suite follows (`torchfuse bench`; --no-bench skips it).\n", flush=True)
-        return run_bench(argparse.Namespace(bench_args=[]))
+        return run_bench(argparse.Namespace(bench_args=["--device", "cpu"]))
     return 0
 
 
@@ -192,28 +192,17 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="CPU benchmark suite: eager vs Inductor vs torchfuse",
-                       description="Run benchmarks/cpu_suite.py: eager, torch.compile (Inductor) and torchfuse "
-                                   "side by side on the CPU; arguments after `bench` go to the suite "
-                                   "(--quick, --cases, --repeats, --threads; see its --help).")
-    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for benchmarks/cpu_suite.py")
+    p = sub.add_parser("bench", help="benchmark suites: eager vs Inductor vs torchfuse, side by side",
+                       description="Run the benchmark suites (torchfuse.bench): every case with every backend "
+                                   "in one process; arguments after `bench` go to it (see `torchfuse bench -h`).")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     p.set_defaults(func=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Load the suite from the repository (benchmarks/ is not installed with the package)."""
-    import importlib.util
-    from pathlib import Path
+    from torchfuse.bench.runner import main as bench_main
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_suite.py"
-    if not path.exists():
-        print(f"torchfuse bench: {path} not found; run it from a checkout of the repository", file=sys.stderr)
-        return 2
-    spec = importlib.util.spec_from_file_location("torchfuse_cpu_suite", path)
-    suite = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = suite  # its dataclasses look their module up by name
-    spec.loader.exec_module(suite)
-    return suite.main(list(args.bench_args))
+    return bench_main(list(args.bench_args))
 
 
 # -------------------------------------------------------------------------------------------- timing

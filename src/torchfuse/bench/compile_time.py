@@ -1,0 +1,117 @@
+"""Compile times: cold (this process, empty disk caches) and warm (a second process, disk caches full).
+
+Both are the wall time of a backend's first call: Dynamo, AOTAutograd, the backend's lowering and
+code generation, its compiler (Triton, g++), loading, and the call itself. Before either is
+measured every backend compiles a tiny unrelated function, so imports and device start-up are not
+charged to the first case.
+
+The warm run is this module as a script, in a fresh interpreter with the same cache directories:
+
+    python -m torchfuse.bench.compile_time --device cuda --backends inductor,torchfuse --cases a,b
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import torch
+
+CACHE_VARIABLES = ("TORCHFUSE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def use_fresh_caches() -> str:
+    """Point every compiler's disk cache at a new empty directory (children inherit it)."""
+    root = tempfile.mkdtemp(prefix="torchfuse-bench-")
+    for variable in CACHE_VARIABLES:
+        os.environ[variable] = os.path.join(root, variable.split("_")[0].lower())
+    return root
+
+
+def compiler_for(backend: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    if backend == "eager":
+        return lambda fn: fn
+    if backend == "inductor":
+        return lambda fn: torch.compile(fn)  # default mode, as users call it
+    if backend == "torchfuse":
+        import torchfuse
+
+        return lambda fn: torchfuse.compile(fn)
+    raise ValueError(f"unknown backend {backend!r}; choose from eager, inductor, torchfuse")
+
+
+def warm_up_compilers(backends: list[str], device: torch.device) -> None:
+    """Compile and run a tiny function with each backend: imports and device start-up, paid once."""
+    x = torch.randn(8, 8, device=device)
+    for backend in backends:
+        if backend != "eager":
+            compiler_for(backend)(lambda t: (t.sin() + 1).sum(-1))(x)
+    torch._dynamo.reset()
+
+
+def timed_first_call(make: Callable[[], Callable[[], Any]], device: torch.device) -> tuple[Callable[[], Any], Any, float]:
+    """(step, first output, seconds): ``make`` builds the compiled step, which then runs once."""
+    from torchfuse.bench.measure import sync
+
+    sync(device)
+    start = time.perf_counter()
+    step = make()
+    out = step()
+    sync(device)
+    return step, out, time.perf_counter() - start
+
+
+def measure_warm(case_names: list[str], backends: list[str], device: torch.device, quick: bool) -> dict[str, dict[str, float]]:
+    """Warm compile seconds per case and backend, from a second process; {} on failure (it says why)."""
+    compiled = [b for b in backends if b != "eager"]
+    if not compiled or not case_names:
+        return {}
+    cmd = [sys.executable, "-m", "torchfuse.bench.compile_time", "--device", device.type,
+           "--backends", ",".join(compiled), "--cases", ",".join(case_names)] + (["--quick"] if quick else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        print(f"warm-compile process failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return {}
+    return json.loads(lines[-1])
+
+
+def _child_env() -> dict[str, str]:
+    """The child finds torchfuse where this process did, installed or not."""
+    import torchfuse
+
+    src = os.path.dirname(os.path.dirname(os.path.abspath(torchfuse.__file__)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
+
+
+def _warm_main(argv: list[str] | None = None) -> int:
+    from torchfuse.bench.cases import select
+
+    parser = argparse.ArgumentParser(description="time first calls against the disk caches a cold run filled")
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--backends", required=True)
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    backends = args.backends.split(",")
+    warm_up_compilers(backends, device)
+    seconds: dict[str, dict[str, float]] = {}
+    for case in select("all", device, set(args.cases.split(","))):
+        workload = case.build(device, args.quick)
+        for backend in backends:
+            _, out, took = timed_first_call(lambda: workload.make_step(compiler_for(backend)), device)
+            seconds.setdefault(case.name, {})[backend] = took
+            del out
+        torch._dynamo.reset()
+    print(json.dumps(seconds), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_warm_main())

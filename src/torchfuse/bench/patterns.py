@@ -1,0 +1,138 @@
+"""The foundation's fusion patterns: plain functions plus input factories.
+
+Tests and benchmarks share these so that "bias_gelu" means the same computation everywhere. Each
+pattern is one memory-bound chain that eager PyTorch runs as several kernels and a fusing compiler
+should run as one (or, for cross-entropy forward + backward, very few).
+
+Sizes: "small" is for tests (Triton's interpreter on a CPU runs it in seconds); "bench" is sized
+well past an H200's ~60 MB L2 so that timings measure HBM traffic, not cache hits; "cpu" is the
+benchmark size on a CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+Inputs = tuple[torch.Tensor, ...]
+
+# (rows, cols) of the activation per size; cross-entropy uses (tokens, vocab) instead.
+# "cpu" is the benchmark size on a CPU: past a core's L2 several times, but milliseconds per call.
+ROWS_COLS: dict[str, tuple[int, int]] = {"small": (64, 256), "bench": (16384, 4096), "cpu": (2048, 1024)}
+TOKENS_VOCAB: dict[str, tuple[int, int]] = {"small": (32, 1000), "bench": (8192, 32000), "cpu": (1024, 8192)}
+RMS_EPS = 1e-6
+LN_EPS = 1e-5
+
+
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    """At least float32, but keep float64 so a float64 reference stays float64 end to end."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """gelu(x * 1.5 + b): three pointwise ops, one kernel when fused."""
+    return F.gelu(x * 1.5 + b)
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Layer norm over the last dim: two row reductions (mean, variance) plus an epilogue."""
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps=LN_EPS)
+
+
+def scaled_softmax(x: torch.Tensor) -> torch.Tensor:
+    """softmax(x * 0.125): the scale is a pointwise prologue to max and sum reductions."""
+    return torch.softmax(x * 0.125, dim=-1)
+
+
+def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm; returns (normed, x + r) as a transformer block needs both."""
+    h = x + r
+    hf = _upcast(h)
+    normed = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + RMS_EPS)).to(h.dtype) * w
+    return normed, h
+
+
+def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy and its gradient with respect to logits (which must require grad).
+
+    torch.autograd.grad rather than .backward() so repeated calls do not accumulate into .grad.
+    """
+    loss = F.cross_entropy(_upcast(logits), target)
+    (grad,) = torch.autograd.grad(loss, logits)
+    return loss.detach(), grad
+
+
+def _randn(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype,
+           gen: torch.Generator) -> torch.Tensor:
+    # Draw on the CPU in float32 so the numbers do not depend on device or dtype.
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def _bias_gelu_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    rows, cols = ROWS_COLS[size]
+    return _randn((rows, cols), device, dtype, gen), _randn((cols,), device, dtype, gen)
+
+
+def _layer_norm_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    rows, cols = ROWS_COLS[size]
+    x = _randn((rows, cols), device, dtype, gen)
+    return x, 1.0 + 0.1 * _randn((cols,), device, dtype, gen), 0.1 * _randn((cols,), device, dtype, gen)
+
+
+def _softmax_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    rows, cols = ROWS_COLS[size]
+    return (4.0 * _randn((rows, cols), device, dtype, gen),)
+
+
+def _add_rmsnorm_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    rows, cols = ROWS_COLS[size]
+    x, r = _randn((rows, cols), device, dtype, gen), _randn((rows, cols), device, dtype, gen)
+    return x, r, 1.0 + 0.1 * _randn((cols,), device, dtype, gen)
+
+
+def _cross_entropy_inputs(device: torch.device | str, dtype: torch.dtype, size: str,
+                          gen: torch.Generator) -> Inputs:
+    tokens, vocab = TOKENS_VOCAB[size]
+    logits = _randn((tokens, vocab), device, dtype, gen).requires_grad_()
+    target = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
+    return logits, target
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One benchmark/test case: fn(*make_inputs(device, dtype, size))."""
+
+    name: str
+    fn: Callable[..., object]
+    factory: Callable[[torch.device | str, torch.dtype, str, torch.Generator], Inputs]
+    needs_grad: bool = False  # True when fn differentiates its first input
+
+    def make_inputs(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                    size: str = "small", seed: int = 0) -> Inputs:
+        """Seeded inputs; the same seed gives the same values on every device."""
+        if size not in ROWS_COLS:
+            raise ValueError(f"unknown size {size!r}; choose from {sorted(ROWS_COLS)}")
+        return self.factory(device, dtype, size, torch.Generator().manual_seed(seed))
+
+
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern("bias_gelu", bias_gelu, _bias_gelu_inputs),
+    Pattern("layer_norm", layer_norm, _layer_norm_inputs),
+    Pattern("scaled_softmax", scaled_softmax, _softmax_inputs),
+    Pattern("add_rmsnorm", add_rmsnorm, _add_rmsnorm_inputs),
+    Pattern("cross_entropy_fwd_bwd", cross_entropy_fwd_bwd, _cross_entropy_inputs, needs_grad=True),
+)
+BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
+
+
+def to_reference(inputs: Inputs) -> Inputs:
+    """Copies of inputs with floating tensors in float64 (keeping requires_grad) for a reference run."""
+    out = []
+    for t in inputs:
+        if t.is_floating_point():
+            t = t.detach().double().requires_grad_(t.requires_grad)
+        out.append(t)
+    return tuple(out)
