@@ -317,9 +317,16 @@ def test_dynamic_view_with_size_from_two_symbols():
     assert len(torchfuse.report().graphs) == 1
 
 
-@pytest.mark.xfail(reason="lowering/driver.py _is_dense only accepts contiguous strides when sizes are symbolic, "
-                          "so x.t() * 2 comes back contiguous under dynamic=True (values are right)", strict=True)
 def test_dynamic_transposed_output_keeps_eager_strides():
     compiled = compile_strict(lambda x: x.t() * 2, dynamic=True)
     x = x_of((5, 8))
     assert compiled(x).stride() == (x.t() * 2).stride() == (1, 8)
+
+
+@pytest.mark.parametrize("permutation", [(2, 0, 1), (1, 0, 2), (0, 2, 1)])
+def test_dynamic_permuted_outputs_keep_eager_strides_across_shapes(permutation):
+    fn = lambda x: x.permute(*permutation) * 2 + 1  # noqa: E731
+    compiled = compile_strict(fn, dynamic=True)
+    for shape in [(3, 5, 7), (4, 6, 9)]:
+        x = x_of(shape)
+        check_outputs(fn, x, compiled=compiled, check_strides=True)

@@ -11,7 +11,7 @@ import torch.fx
 
 from torchfuse.frontend.symbolic import is_symbolic, offset_of, shape_of, strides_of, to_sympy
 from torchfuse.ir.graph import Buffer, ExternArg, Graph, GraphOutput
-from torchfuse.ir.symbols import FloorDiv, ModIndex, contiguous_strides
+from torchfuse.ir.symbols import FloorDiv, ModIndex
 from torchfuse.lowering import registry
 from torchfuse.lowering.context import LoweringContext
 from torchfuse.lowering.values import TensorValue
@@ -161,15 +161,19 @@ def _layout_is_free(ctx: LoweringContext, name: str) -> bool:
 
 
 def _is_dense(shape, strides) -> bool:
-    """True when ``strides`` lay ``shape`` out densely (a permutation of contiguous)."""
-    if any(not sympy.sympify(v).is_number for v in (*shape, *strides)):
-        return tuple(strides) == contiguous_strides(shape)
-    order = sorted(range(len(shape)), key=lambda d: int(strides[d]))
-    expected = 1
-    for d in order:
-        if int(shape[d]) == 1:
-            continue
-        if int(strides[d]) != expected:
+    """True when ``strides`` lay ``shape`` out densely (a permutation of contiguous).
+
+    Works for symbolic sizes too: the innermost dim has stride 1, the next one the innermost's
+    size, and so on; each step looks for the dim whose stride equals the product so far.
+    """
+    shape = [sympy.sympify(v) for v in shape]
+    strides = [sympy.sympify(v) for v in strides]
+    remaining = [d for d in range(len(shape)) if shape[d] != 1]  # size-1 dims may have any stride
+    expected = sympy.Integer(1)
+    while remaining:
+        match = next((d for d in remaining if sympy.expand(strides[d] - expected) == 0), None)
+        if match is None:
             return False
-        expected *= int(shape[d])
+        remaining.remove(match)
+        expected = expected * shape[match]
     return True
