@@ -456,3 +456,14 @@ def test_half_intermediates_round_like_eager(dtype):
                 "overflow_exp": torch.exp(x * 40) * 0.001}
 
     run_named(build, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=dtype_id)
+def test_lerp_through_prims_fma_is_fused_not_a_fallback(dtype):
+    """lerp decomposes to prims.fma; AdamW's moment update is exactly this."""
+    fn = lambda a, b, w: torch.lerp(a, b, w) * 2  # noqa: E731
+    a, b = floats((7, 13), dtype, specials=[], seed=1), floats((7, 13), dtype, specials=[], seed=2)
+    w = floats((13,), dtype, specials=[], seed=3).abs().clamp(max=1)
+    check_outputs(fn, a, b, w)
+    check_outputs(fn, a, b, 0.1)
+    assert "prims.fma.default" not in " ".join(fallbacks())

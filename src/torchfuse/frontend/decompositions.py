@@ -11,6 +11,8 @@ import functools
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from torchfuse.frontend.foreach import foreach_decompositions
+
 aten = torch.ops.aten
 
 EXTRA = [
@@ -41,6 +43,7 @@ KEEP_WHOLE = [
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA))
+    table.update(foreach_decompositions())  # optimizer steps: one op per tensor, then fused
     for op in KEEP_WHOLE:
         for overload in op.overloads():
             table.pop(getattr(op, overload), None)

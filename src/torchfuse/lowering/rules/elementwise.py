@@ -257,3 +257,17 @@ def tanh_backward(ctx: LoweringContext, node: torch.fx.Node, grad: Any, y: Any) 
     one = Const(c, 1.0)
     return pointwise_op(ctx, node, (grad, y), dtype,
                         lambda a: Op(c, "mul", (a[0], Op(c, "sub", (one, Op(c, "mul", (a[1], a[1])))))))
+
+
+@register_lowering(torch.ops.prims.fma.default)
+def fma(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any, c: Any) -> Any:
+    """``a * b + c`` rounded once (``lerp``'s decomposition produces it, e.g. in AdamW).
+
+    For float32 and the halves the product is exact in float64, so computing in float64 and
+    rounding at the end matches a fused multiply-add except for rare double-rounding ties;
+    float64 itself rounds twice (an ulp at most).
+    """
+    dtype = out_meta(node).dtype
+    wide = torch.float64 if dtype.is_floating_point else dtype
+    return pointwise_op(ctx, node, (a, b, c), wide,
+                        lambda x: Op(wide, "add", (Op(wide, "mul", (x[0], x[1])), x[2])))
