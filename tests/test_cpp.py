@@ -198,9 +198,6 @@ def test_conv_batchnorm_relu_pool_block(training):
     assert all(g.target == "cpp" and not g.error for g in torchfuse.report().graphs)
 
 
-@pytest.mark.xfail(strict=True, reason="scheduler/policy.py stores every buffer read through a gathered index: "
-                   "cross-entropy's forward writes the whole log-softmax to gather one value per row, where "
-                   "Inductor recomputes x[i, t[i]] - max[i] - log(sum[i]) at the gathered index")
 def test_cross_entropy_forward_does_not_store_the_log_softmax():
     logits, target = floats((64, 1000), specials=()), torch.randint(0, 1000, (64,))
     with torch.no_grad():

@@ -234,3 +234,26 @@ def test_half_precision_gathers_and_regions(dtype):
     w, a = randn(13, 7).to(dtype), randn(7, 5).to(dtype)
     check(lambda i, w, a: (F.embedding(i, w) * 2, torch.cat([a, F.pad(a, (1, 1))], 1), torch.arange(0, 3, 0.25, dtype=dtype, device=DEVICE) + a[0, 0]),
           randint(13, 4, 3), w, a)
+
+
+# -- producers recomputed at gathered points (not stored whole) --------------------------------
+GATHERED_PRODUCERS = {
+    # cross-entropy's pick: a row-normalised producer read at one gathered column per row
+    "log_softmax_pick": lambda x, i: torch.log_softmax(x * 1.5, -1).gather(1, i[:, None] % x.shape[1]),
+    # the producer reads its input transposed and broadcast: gathered var inside strides
+    "transposed_producer": lambda x, i: (x.t() * 2 + 1)[i % x.shape[1]],
+    # embedding of a scaled weight: whole rows at gathered row indices
+    "scaled_embedding": lambda x, i: F.embedding(i % x.shape[0], x * 0.5 - 1),
+    # the producer itself indexes with arithmetic on the gathered var (flip, a slice step)
+    "flipped_and_strided": lambda x, i: (x.flip(1)[:, ::2] + x[:, 1::2]).gather(1, i[:, None] % (x.shape[1] // 2)),
+    # negative indices wrap, then the producer is recomputed there
+    "negative_indices": lambda x, i: x.exp()[:, (i % x.shape[1]) - x.shape[1]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(GATHERED_PRODUCERS))
+def test_producer_recomputed_at_gathered_index(name):
+    fn = GATHERED_PRODUCERS[name]
+    x, i = randn(9, 14), torch.randint(-30, 30, (9,), device=DEVICE)
+    check(fn, x, i)
+    check(fn, randn(9, 14, transposed=True), i)

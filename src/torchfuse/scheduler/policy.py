@@ -21,7 +21,7 @@ MAX_RECOMPUTED_LOADS = 6
 class RealizeContext:
     is_output: bool
     read_by_extern: bool
-    read_indirectly: bool
+    read_indirectly: bool  # readers recompute it at the gathered points (cross-entropy's pick)
     reader_count: int  # nodes that would recompute it if inlined
 
 
@@ -31,8 +31,6 @@ def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
         return FusionDecision.yes("graph output")
     if ctx.read_by_extern:
         return FusionDecision.yes("read by an ATen call")
-    if ctx.read_indirectly:
-        return FusionDecision.yes("read through a gathered index")
     if ctx.reader_count > 1:
         ops, reads = count_ops(node.body), len(loads(node.body))
         if ops > MAX_RECOMPUTED_OPS or reads > MAX_RECOMPUTED_LOADS:

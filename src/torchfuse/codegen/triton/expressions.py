@@ -10,7 +10,7 @@ import torch
 from torchfuse.codegen.scope import CseWriter, Scope  # noqa: F401  (Scope re-exported)
 from torchfuse.codegen.triton.ops import OPERATOR_OPS, TRITON_OPS
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
-from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where
+from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where, index_symbols
 from torchfuse.ir.graph import Buffer
 from torchfuse.ir.symbols import simplify_index, size_symbols
 
@@ -122,7 +122,8 @@ class ExpressionWriter(CseWriter):
             if isinstance(entry, Expr):
                 gathered = self.tensor(entry, scope)
                 offset_terms.append(f"({gathered}) * {print_index(stride)}")
-                loop_vars |= {"x", "r"}  # be conservative: gathered indices need both masks
+                # The masks of the loop variables the gathered value itself depends on.
+                loop_vars |= {sym.name[0] for sym in index_symbols(entry) if sym.name[:1] in "xr"}
                 self._note_sizes(stride)
             else:
                 direct = direct + entry * stride
