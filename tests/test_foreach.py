@@ -76,3 +76,5 @@ def test_compiled_foreach_optimizer_steps_match_eager(optimizer):
             torch.testing.assert_close(state_q[key], value, rtol=1e-5, atol=1e-6)
     kernels = sum(len(g.generated_kernels) for g in torchfuse.report().graphs)
     assert 0 < kernels <= 2 * len(params) + 2  # a few fused kernels, not one per foreach op
+    # Parameters and state are written in place by those kernels: no trailing ATen copies.
+    assert all(k.kind != "extern" for g in torchfuse.report().graphs for k in g.kernels)

@@ -63,6 +63,8 @@ register_lowering(
     aten._scaled_dot_product_flash_attention_for_cpu_backward,
     aten._efficient_attention_forward, aten._efficient_attention_backward,
     aten._flash_attention_forward, aten._flash_attention_backward,
+    # An input mutation's copy; the scheduler drops it where the kernel can write in place.
+    aten.copy_,
     aten.native_dropout, aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.bernoulli,
     aten.randint, aten.sort, aten.topk, aten.cumsum, aten.cumprod, aten._fused_sdp_choice,
 )(_extern_rule)

@@ -88,6 +88,11 @@ class WrapperWriter:
         return (sympy.sympify(buffer.numel), buffer.dtype, str(buffer.device), buffer.strides == _contiguous(buffer))
 
     def _allocate(self, buffer: Buffer) -> None:
+        if buffer.name in self.plan.in_place:  # the kernel writes the mutated input directly
+            target = self.plan.in_place[buffer.name]
+            self.emit(f"{buffer.name} = {target}  # new value of {target}, written in place (its copy_)")
+            self.live.add(buffer.name)
+            return
         device = self._const(buffer.device, "device")
         dtype = self._const(buffer.dtype, "dtype")
         key = self._pool_key(buffer)

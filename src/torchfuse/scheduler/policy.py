@@ -21,7 +21,6 @@ MAX_RECOMPUTED_LOADS = 6
 class RealizeContext:
     is_output: bool
     read_by_extern: bool
-    read_indirectly: bool  # readers recompute it at the gathered points (cross-entropy's pick)
     reader_count: int  # nodes that would recompute it if inlined
 
 

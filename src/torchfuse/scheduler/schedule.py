@@ -4,6 +4,7 @@
 2. Walk the stored nodes in graph order and add each to a kernel it may and should join
    (``placement.place`` for legality, ``policy.worth_fusing`` for profit), else start one.
 3. Drop stores whose readers all sit in the same kernel, and order kernels topologically.
+4. Let kernels write input mutations in place instead of a trailing ``copy_`` (in_place.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torchfuse.scheduler import placement as placing
 from torchfuse.scheduler import policy
 from torchfuse.scheduler.bodies import inline_producers
 from torchfuse.scheduler.decisions import FusionDecision
+from torchfuse.scheduler.in_place import store_mutations_in_place
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel, KernelMember, ScheduledItem
 
 Unit = Union[Pointwise, Reduction, Extern]
@@ -26,6 +28,8 @@ class Schedule:
     items: list[ScheduledItem]
     decisions: list[FusionDecision] = field(default_factory=list)
     graph: Graph | None = None
+    # buffer -> graph input whose memory it is written into (see in_place.py)
+    in_place: dict[str, str] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[FusedKernel]:
@@ -49,7 +53,9 @@ def schedule(graph: Graph, worth_fusing=policy.worth_fusing, should_realize=poli
         elif node.name in state.realized:
             state.add_node(node, worth_fusing)
     state.mark_stores()
-    return Schedule(state.ordered_items(), state.decisions, graph)
+    items = state.ordered_items()
+    in_place = store_mutations_in_place(items, graph)
+    return Schedule(items, state.decisions, graph, in_place)
 
 
 class _SchedulerState:
@@ -63,7 +69,6 @@ class _SchedulerState:
         self.readers: dict[str, list[ScheduledItem]] = {}  # stored buffer -> items reading it
         self.reads_of: dict[int, set[str]] = {}  # id(item) -> stored buffers it reads
         self.inlined_origins: dict[int, set[str]] = {}
-        self._indirect_cache: set[str] | None = None
 
     # -- step 1: realize or inline ------------------------------------------------------
     def decide_realized(self, should_realize) -> None:
@@ -86,7 +91,6 @@ class _SchedulerState:
             ctx = policy.RealizeContext(
                 is_output=node.name in outputs,
                 read_by_extern=any(r not in self.nodes for r in direct.get(node.name, [])),
-                read_indirectly=node.name in self._indirect_reads(),
                 reader_count=len(readers),
             )
             if should_realize(node, ctx):
@@ -97,15 +101,6 @@ class _SchedulerState:
         for buffer, readers in self.graph.users().items():
             result[buffer] = [r.name for r in readers]
         return result
-
-    def _indirect_reads(self) -> set[str]:
-        """Buffers read through a gathered index (they must be stored). Buffers only used to
-        compute an index are not in the set: they are recomputed inside the index expression."""
-        if self._indirect_cache is None:
-            self._indirect_cache = {
-                load.buffer for node in self.nodes.values() for load in loads(node.body) if load.is_indirect
-            }
-        return self._indirect_cache
 
     def inlinable(self, name: str) -> Pointwise | None:
         node = self.nodes.get(name)

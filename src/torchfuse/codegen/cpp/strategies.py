@@ -82,8 +82,7 @@ def render_pointwise(renderer, top: Scope) -> None:
     loops = renderer.plan.x_loops
     stored = [m for m in renderer.kernel.members if m.stored]
     if not loops:  # a 0-dim result
-        for member in stored:
-            renderer.store_member(member, top)
+        store_all(renderer, stored, top)
         return
     outer, inner = loops[:-1], loops[-1]
     chunked = bool(outer) and not statically_at_most(inner.size, POINTWISE_CHUNK) \
@@ -112,16 +111,23 @@ def render_pointwise(renderer, top: Scope) -> None:
             bounds = [0, *points, int(inner.size)]
             for start, end in zip(bounds, bounds[1:]):
                 piece = renderer.open_loop(scope, inner, str(start), str(end))
-                for member in stored:
-                    renderer.store(member, renderer.writer.value(specialize(bodies[id(member)], inner.var, start, end),
-                                                                 piece), piece)
+                values = [renderer.writer.value(specialize(bodies[id(m)], inner.var, start, end), piece) for m in stored]
+                for member, value in zip(stored, values):
+                    renderer.store(member, value, piece)
                 scope.emit("}")
             close_all(scope, top)
             return
         scope = renderer.open_loop(scope, inner)
-    for member in stored:
-        renderer.store_member(member, scope)
+    store_all(renderer, stored, scope)
     close_all(scope, top)
+
+
+def store_all(renderer, stored: list, scope: Scope) -> None:
+    """Every member's value first, then the stores: each element is read before any store, so a
+    member may write an input in place (scheduler/in_place.py) while kernel-mates read it."""
+    values = [renderer.writer.value(renderer.body(m), scope) for m in stored]
+    for member, value in zip(stored, values):
+        renderer.store(member, value, scope)
 
 
 def close_all(scope: Scope, until: Scope) -> None:

@@ -99,9 +99,12 @@ class KernelRenderer:
         if self.is_reduction:
             self._emit_reduction_members(top)
         else:
-            for member in self.kernel.members:
-                if member.stored:
-                    self._store(member, self.writer.tensor(self.flat_body(member), top), top, "xmask")
+            # Values first, then stores: every element is read before it is overwritten, so a
+            # member may write a mutated input in place (scheduler/in_place.py).
+            stored = [m for m in self.kernel.members if m.stored]
+            values = [self.writer.tensor(self.flat_body(m), top) for m in stored]
+            for member, value in zip(stored, values):
+                self._store(member, value, top, "xmask")
         return self._finish(lines)
 
     def _emit_prologue(self, scope: Scope) -> None:

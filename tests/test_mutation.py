@@ -1,0 +1,66 @@
+"""Input mutations (``x.add_(...)`` in a compiled function, optimizer state, running stats):
+the mutated inputs end up as eager leaves them, written in place by the kernel when that is safe."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchfuse
+from conftest import DEVICE, compile_strict
+
+CASES = {
+    # name: (fn, written in place when x is contiguous?) -- a transposed x never is: the new
+    # value's buffer is contiguous, and only a buffer with the input's exact layout can be it.
+    "scale_in_place": (lambda x, y: (x.mul_(y).add_(1), y * 2)[1], True),
+    "two_inputs_one_kernel": (lambda x, y: (x.mul_(0.5).add_(y), y.sub_(x * 0.1), y * 2)[2], True),
+    "old_value_read_in_the_same_kernel": (lambda x, y: (x * 3, x.add_(1))[0] + y, True),
+    # the new value is computed inside a reduction kernel: not (yet) written in place
+    "add_then_reduce_new_value": (lambda x, y: (x.add_(y * 2), x.sum())[1], False),
+    "old_value_read_by_a_reduction": (lambda x, y: (x.sum(0), x.add_(y))[0], False),
+    "read_at_another_element": (lambda x, y: x.add_(x.flip(0)).sum(), False),
+    "copy_from_an_input": (lambda x, y: x.copy_(y).sum(), False),
+    # the graph returns the new value itself: aot_autograd rebuilds that output from the input
+    "returns_the_mutated_input": (lambda x, y: x.add_(y), False),
+    "running_statistic": (lambda x, y: (x.mul_(0.9).add_(y.mean(0, keepdim=True) * 0.1), y * 2)[1], False),
+}
+
+
+def inputs(transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 9, generator=gen), torch.randn(6, 9, generator=gen)
+    if transposed:
+        x = torch.randn(9, 6, generator=gen).t()
+    return x.to(DEVICE), y.to(DEVICE)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_mutated_inputs_and_outputs_match_eager(name, transposed):
+    fn, expect_in_place = CASES[name]
+    if name == "running_statistic":
+        x_eager, y_eager = torch.randn(1, 9).to(DEVICE), inputs()[1]
+    else:
+        x_eager, y_eager = inputs(transposed)
+    x_comp, y_comp = x_eager.clone(), y_eager.clone()
+    if transposed and name != "running_statistic":
+        x_comp = x_eager.t().clone().t()  # same values, same (transposed) layout
+    expected = fn(x_eager, y_eager)
+    got = compile_strict(fn)(x_comp, y_comp)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(x_comp, x_eager)
+    torch.testing.assert_close(y_comp, y_eager)
+    wrappers = "".join(g.wrapper_source for g in torchfuse.report().graphs)
+    x_in_place = "= arg0_1  # new value of arg0_1, written in place" in wrappers
+    assert x_in_place == (expect_in_place and not transposed), wrappers
+
+
+def test_repeated_calls_keep_mutating_the_same_tensor():
+    fn = lambda acc, x: acc.add_(x.square())  # noqa: E731
+    compiled = compile_strict(fn)
+    acc_eager, acc_comp = torch.zeros(5, 7, device=DEVICE), torch.zeros(5, 7, device=DEVICE)
+    for seed in range(3):
+        x = torch.randn(5, 7, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+        fn(acc_eager, x)
+        compiled(acc_comp, x)
+    torch.testing.assert_close(acc_comp, acc_eager)
+    assert not any(g.fallbacks for g in torchfuse.report().graphs)
