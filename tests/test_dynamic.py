@@ -43,3 +43,24 @@ def test_recompile_for_new_shape_reuses_compiled_kernels():
     torchfuse.reset()
     compile_strict(fn, dynamic=True)(torch.randn(2, 9, device=DEVICE))  # a fresh compile of a seen graph
     assert kernel_cache.stats.compiled == before
+
+
+def test_mixed_float_and_integer_sums_with_symbolic_lengths():
+    """A float32 sum (chunked partials) next to an integer count in one kernel: the count's
+    chunk fold once added the accumulator to itself under dynamic shapes (counts doubled)."""
+    fn = lambda x: (x.sum(), (x > 0).sum(), x.sum(-1), (x > 0).sum(-1), x.mean())  # noqa: E731
+    compiled = compile_strict(fn, dynamic=True)
+    for shape in [(3, 1000), (2, 5000), (1, 300), (4, 7)]:
+        x = torch.randn(shape, device=DEVICE)
+        for got, want, ref in zip(compiled(x), fn(x), fn(x.double())):
+            assert_close(got, want, reference=ref if want.is_floating_point() else None)
+
+
+def test_cross_entropy_with_dynamic_shapes():
+    fn = lambda x, t: (F.cross_entropy(x, t), F.cross_entropy(x, t, reduction="sum"))  # noqa: E731
+    compiled = compile_strict(fn, dynamic=True)
+    for rows, vocab in [(8, 100), (12, 130), (300, 77)]:
+        x, t = torch.randn(rows, vocab, device=DEVICE), torch.randint(0, vocab, (rows,), device=DEVICE)
+        t[::5] = -100  # ignored positions change the count
+        for got, want, ref in zip(compiled(x, t), fn(x, t), fn(x.double(), t)):
+            assert_close(got, want, reference=ref)

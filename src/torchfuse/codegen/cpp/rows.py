@@ -188,7 +188,7 @@ def accumulate(renderer, accs, scope: Scope, targets: dict[str, str], start: str
     scope.emit("}")
     if chunked:
         for _, acc, name in accs:
-            if slots[name] != name:
+            if slots[name] != targets[name]:  # only chunk partials fold; others accumulate directly
                 for line in red.combine(acc, red.Slot(targets[name]), red.Slot(slots[name])):
                     scope.emit(line)
         scope.parent.emit("}")
