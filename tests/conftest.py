@@ -65,9 +65,15 @@ def fresh_state():
 
 
 def compile_strict(fn, **kwargs):
-    """Compile with the test's target forced (see ``TEST_TARGET``), failing loudly on any internal error."""
+    """Compile with the test's target forced (see ``TEST_TARGET``), failing loudly on any internal error.
+
+    ``TORCHFUSE_TEST_DYNAMIC=1`` compiles every test that does not choose with ``dynamic=True``:
+    the same suite then exercises symbolic sizes (kernels generic in every size).
+    """
     options = {"target": _target[0], "strict": True}
     options.update(kwargs.pop("options", {}))
+    if kwargs.get("dynamic") is None and os.environ.get("TORCHFUSE_TEST_DYNAMIC") == "1":
+        kwargs["dynamic"] = True
     return torchfuse.compile(fn, options=options, **kwargs)
 
 

@@ -64,3 +64,24 @@ def test_cross_entropy_with_dynamic_shapes():
         t[::5] = -100  # ignored positions change the count
         for got, want, ref in zip(compiled(x, t), fn(x, t), fn(x.double(), t)):
             assert_close(got, want, reference=ref)
+
+
+def test_size_arithmetic_that_goes_negative_keeps_python_semantics():
+    """roll's decomposition computes (n - shift) % n on sizes: negative when shift > n. C and
+    Triton truncate where Python floors, so such size arithmetic must be printed sign-safe."""
+    fn = lambda x: (torch.roll(x, 3, 1) + torch.roll(x, -2, 0), torch.roll(x, 5, 1))  # noqa: E731
+    compiled = compile_strict(fn, dynamic=True)
+    for shape in [(7, 13), (4, 3), (5, 2)]:  # 2 and 3 columns: shift 5 > n
+        x = torch.randn(shape, device=DEVICE).t().contiguous().t()
+        for got, want in zip(compiled(x), fn(x)):
+            assert_close(got, want)
+
+
+def test_variance_and_interpolation_with_symbolic_sizes():
+    fn = lambda x: (x.var(-1), x.std(0, correction=0), F.interpolate(x[None, None], scale_factor=2))  # noqa: E731
+    compiled = compile_strict(fn, dynamic=True)
+    for shape in [(5, 9), (7, 4)]:
+        x = torch.randn(shape, device=DEVICE)
+        for got, want, ref in zip(compiled(x), fn(x), fn(x.double())):
+            assert_close(got, want, reference=ref)
+    assert not any(g.fallbacks for g in torchfuse.report().graphs)  # true_divide, convert_element_type lowered

@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, transform
-from torchfuse.ir.symbols import FloorDiv, ModIndex, simplify_index
+from torchfuse.ir.symbols import FloorDiv, ModIndex, PyFloorDiv, PyMod, simplify_index
 
 INDEX_DTYPE = torch.int64
 
@@ -80,8 +80,10 @@ def index_value(expr: sympy.Expr, direct: dict, gathered: dict[sympy.Symbol, Exp
         return fold("mul", expr.args)
     if isinstance(expr, FloorDiv):
         return fold("floordiv", expr.args)
-    if isinstance(expr, ModIndex):
+    if isinstance(expr, (ModIndex, PyMod)):  # the remainder op has Python's sign rules
         return fold("remainder", expr.args)
+    if isinstance(expr, PyFloorDiv):
+        return fold("floordiv", expr.args)
     if isinstance(expr, sympy.Max) or type(expr).__name__ == "Max":
         return fold("maximum", expr.args)
     if isinstance(expr, sympy.Min) or type(expr).__name__ == "Min":

@@ -33,7 +33,7 @@ class FloorDiv(sympy.Function):
             return FloorDiv(base.args[0], base.args[1] * divisor)
         # floor((k * d + r) / d) == k + floor(r / d) for any integer k.
         multiple, rest = _split_multiples(base, divisor)
-        if multiple != 0:
+        if multiple != 0 and _nonnegative(rest):  # the rest must stay a valid (>= 0) base
             return sympy.expand(multiple / divisor) + FloorDiv(rest, divisor)
         return None
 
@@ -51,9 +51,47 @@ class ModIndex(sympy.Function):
         if base.is_Integer and divisor.is_Integer:
             return sympy.Integer(int(base) % int(divisor))
         multiple, rest = _split_multiples(base, divisor)
-        if multiple != 0:  # (k * d + r) % d == r % d
+        if multiple != 0 and _nonnegative(rest):  # (k * d + r) % d == r % d, for r >= 0 here
             return ModIndex(rest, divisor)
         return None
+
+
+class PyFloorDiv(sympy.Function):
+    """Python's ``a // b`` for an ``a`` that may be negative (size arithmetic such as
+    ``(n - 3) // n``); ``b`` is positive. Printed sign-safe, since C and Triton truncate."""
+
+    is_integer = True
+
+    @classmethod
+    def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
+        if divisor == 1:
+            return base
+        if base.is_Integer and divisor.is_Integer and int(divisor) != 0:
+            return sympy.Integer(int(base) // int(divisor))
+        if _nonnegative(base):
+            return FloorDiv(base, divisor)
+        return None
+
+
+class PyMod(sympy.Function):
+    """Python's ``a % b`` (result in [0, b)) for an ``a`` that may be negative; ``b`` positive."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
+        if divisor == 1:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer and int(divisor) != 0:
+            return sympy.Integer(int(base) % int(divisor))
+        if _nonnegative(base):
+            return ModIndex(base, divisor)
+        return None
+
+
+def _nonnegative(expr: sympy.Expr) -> bool:
+    return expr == 0 or bool(sympy.sympify(expr).is_nonnegative)
 
 
 def _split_multiples(base: sympy.Expr, divisor: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:

@@ -11,7 +11,7 @@ import torch.fx
 
 from torchfuse.frontend.symbolic import is_symbolic, offset_of, shape_of, strides_of, to_sympy
 from torchfuse.ir.graph import Buffer, ExternArg, Graph, GraphOutput
-from torchfuse.ir.symbols import FloorDiv, ModIndex
+from torchfuse.ir.symbols import PyFloorDiv, PyMod
 from torchfuse.lowering import registry
 from torchfuse.lowering.context import LoweringContext
 from torchfuse.lowering.values import TensorValue
@@ -108,8 +108,10 @@ SIZE_ARITHMETIC = {
     operator.add: lambda a, b: a + b,
     operator.sub: lambda a, b: a - b,
     operator.mul: lambda a, b: a * b,
-    operator.floordiv: FloorDiv,
-    operator.mod: ModIndex,
+    # Python semantics: the operands may be negative ((n - 3) % n); PyMod/PyFloorDiv become
+    # ModIndex/FloorDiv themselves where the base is provably non-negative.
+    operator.floordiv: PyFloorDiv,
+    operator.mod: PyMod,
     operator.neg: lambda a: -a,
     torch.sym_max: sympy.Max,
     torch.sym_min: sympy.Min,

@@ -1,14 +1,15 @@
 """Print sympy index expressions and dtypes as C++ source text.
 
 Every index is a non-negative ``int64_t``, so C++'s ``/`` and ``%`` are exactly the floor
-division and modulo of ``FloorDiv``/``ModIndex``.
+division and modulo of ``FloorDiv``/``ModIndex``; size arithmetic that may be negative
+(``PyFloorDiv``/``PyMod``, torch's ``FloorDiv``/``PythonMod``) is printed sign-safe.
 """
 from __future__ import annotations
 
 import sympy
 import torch
 
-from torchfuse.ir.symbols import FloorDiv, ModIndex
+from torchfuse.ir.symbols import FloorDiv, ModIndex, PyFloorDiv, PyMod
 
 # How each dtype is held in memory. Half types are raw 16-bit patterns: the prelude converts
 # them to float on load and rounds to nearest even on store (no compiler half type needed).
@@ -56,6 +57,8 @@ def print_index(expr: sympy.Expr) -> str:
         return f"({print_index(expr.args[0])} / {print_index(expr.args[1])})"
     if isinstance(expr, ModIndex):
         return f"({print_index(expr.args[0])} % {print_index(expr.args[1])})"
+    if isinstance(expr, (PyMod, PyFloorDiv)):
+        return _python_div_mod(type(expr).__name__, print_index(expr.args[0]), print_index(expr.args[1]))
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
         return "(" + " * ".join([print_index(expr.base)] * int(expr.exp)) + ")"
     raise NotImplementedError(f"index expression {expr} in a C++ kernel")
@@ -76,17 +79,28 @@ def _fold(fn: str, parts: list[str]) -> str:
 
 
 # Sizes from Dynamo carry torch's own sympy functions (torch.utils._sympy.functions), printed
-# by class name so codegen imports nothing torch-internal (as the Triton printer does).
-_TORCH_BINARY = {"FloorDiv": "/", "CleanDiv": "/", "Mod": "%", "PythonMod": "%"}
+# by class name so codegen imports nothing torch-internal (as the Triton printer does). Their
+# operands may be negative, where C++ truncates: Python's flooring // and % print sign-safe.
+_TORCH_BINARY = {"FloorDiv": "PyFloorDiv", "Mod": "PyMod", "PythonMod": "PyMod"}
+
+
+def _python_div_mod(kind: str, a: str, b: str) -> str:
+    """Python's a % b and a // b (b > 0) with C++'s truncating operators."""
+    mod = f"((({a} % {b}) + {b}) % {b})"
+    return mod if kind == "PyMod" else f"(({a} - {mod}) / {b})"
 
 
 def _torch_function_text(expr: sympy.Expr) -> str | None:
-    if isinstance(expr, (FloorDiv, ModIndex)) or not isinstance(expr, sympy.Function):
+    if isinstance(expr, (FloorDiv, ModIndex, PyMod, PyFloorDiv)):
         return None
     kind = type(expr).__name__
+    if not isinstance(expr, sympy.Function) and kind not in ("Max", "Min"):
+        return None
     args = [print_index(a) for a in expr.args]
     if kind in _TORCH_BINARY:
-        return f"({args[0]} {_TORCH_BINARY[kind]} {args[1]})"
+        return _python_div_mod(_TORCH_BINARY[kind], args[0], args[1])
+    if kind == "CleanDiv":  # exact division
+        return f"({args[0]} / {args[1]})"
     if kind == "CeilDiv":
         return f"(({args[0]} + {args[1]} - 1) / {args[1]})"
     if kind == "ModularIndexing":  # (x // divisor) % modulus

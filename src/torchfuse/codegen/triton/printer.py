@@ -4,7 +4,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from torchfuse.ir.symbols import FloorDiv, ModIndex
+from torchfuse.ir.symbols import FloorDiv, ModIndex, PyFloorDiv, PyMod
 
 TL_DTYPES = {
     torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
@@ -53,6 +53,8 @@ def print_index(expr: sympy.Expr, max_fn: str = "tl.maximum", min_fn: str = "tl.
         return f"({sub(expr.args[0])} // {sub(expr.args[1])})"
     if isinstance(expr, ModIndex):
         return f"({sub(expr.args[0])} % {sub(expr.args[1])})"
+    if isinstance(expr, (PyMod, PyFloorDiv)):
+        return _python_div_mod(type(expr).__name__, sub(expr.args[0]), sub(expr.args[1]))
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
         return "(" + " * ".join([sub(expr.base)] * int(expr.exp)) + ")"
     raise NotImplementedError(f"index expression {expr} in a Triton kernel")
@@ -60,17 +62,28 @@ def print_index(expr: sympy.Expr, max_fn: str = "tl.maximum", min_fn: str = "tl.
 
 # Sizes from Dynamo carry torch's own sympy functions (torch.utils._sympy.functions), e.g.
 # ``FloorDiv(s0, 2)`` for ``x.shape[0] // 2``. We print them by class name so codegen needs
-# no torch-internal import; on non-negative sizes Python's // and % are exact.
-_TORCH_BINARY = {"FloorDiv": "//", "CleanDiv": "//", "Mod": "%", "PythonMod": "%"}
+# no torch-internal import. Their operands may be negative and Triton's integer // and %
+# truncate, so Python's flooring ones are printed sign-safe.
+_TORCH_BINARY = {"FloorDiv": "PyFloorDiv", "Mod": "PyMod", "PythonMod": "PyMod"}
+
+
+def _python_div_mod(kind: str, a: str, b: str) -> str:
+    """Python's a % b and a // b (b > 0) from operators that may truncate (C, Triton)."""
+    mod = f"((({a} % {b}) + {b}) % {b})"
+    return mod if kind == "PyMod" else f"(({a} - {mod}) // {b})"
 
 
 def _torch_function_text(expr: sympy.Expr, max_fn: str, min_fn: str) -> str | None:
-    if isinstance(expr, (FloorDiv, ModIndex)) or not isinstance(expr, sympy.Function):
+    if isinstance(expr, (FloorDiv, ModIndex, PyMod, PyFloorDiv)):
         return None
     kind = type(expr).__name__
+    if not isinstance(expr, sympy.Function) and kind not in ("Max", "Min"):
+        return None
     args = [print_index(a, max_fn, min_fn) for a in expr.args]
     if kind in _TORCH_BINARY:
-        return f"({args[0]} {_TORCH_BINARY[kind]} {args[1]})"
+        return _python_div_mod(_TORCH_BINARY[kind], args[0], args[1])
+    if kind == "CleanDiv":  # exact division
+        return f"({args[0]} // {args[1]})"
     if kind == "CeilDiv":
         return f"(-((-{args[0]}) // {args[1]}))"
     if kind == "ModularIndexing":  # (x // divisor) % modulus

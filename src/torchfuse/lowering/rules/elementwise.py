@@ -143,7 +143,7 @@ def add_sub(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any, alpha: An
     return pointwise_op(ctx, node, (first, second), dtype, build, round_scalars=False)
 
 
-@register_lowering(aten.div)
+@register_lowering(aten.div, aten.true_divide)
 def div(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any, rounding_mode: str | None = None) -> Any:
     dtype = out_meta(node).dtype
     compute = opmath(dtype)
@@ -230,7 +230,8 @@ def clamp(ctx: LoweringContext, node: torch.fx.Node, x: Any, low: Any = None, hi
 
 
 @register_lowering(aten._to_copy, aten.clone, aten.lift_fresh_copy,
-                   aten._conj, aten.positive, aten.contiguous, aten.copy)
+                   aten._conj, aten.positive, aten.contiguous, aten.copy,
+                   torch.ops.prims.convert_element_type.default)
 def copy(ctx: LoweringContext, node: torch.fx.Node, x: Any, *args: Any, **kwargs: Any) -> Any:
     """A (possibly dtype-converting) copy; a device change runs as an ATen call."""
     if node.target.overloadpacket is aten.copy:

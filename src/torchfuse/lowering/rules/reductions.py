@@ -179,6 +179,8 @@ def _mean_and_var(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], c
 
     squares = reduction(ctx, x.shape, axes, True, compute, x.device, "sum", squared_deviation)
     correction = 1 if correction is None else correction
+    if float(correction).is_integer():  # 1.0 from the Scalar overload: keep the divisor an integer
+        correction = int(correction)
     divisor = sympy.Max(count - sympy.sympify(correction), 0)
     var_kept = _divide(ctx, squares, divisor, dtype)
     if compute != dtype:
