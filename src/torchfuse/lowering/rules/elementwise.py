@@ -137,7 +137,8 @@ def add_sub(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any, alpha: An
     def build(args: list[Expr]) -> Expr:
         if dtype == torch.bool:  # bool + bool is logical or (True + True == True)
             return Op(dtype, "logical_or", (args[0], args[1])) if alpha else args[0]
-        scaled = args[1] if alpha == 1 else Op(compute, "mul", (args[1], Const(compute, alpha)))
+        # alpha may be a SymInt (a size, or an int argument Dynamo made dynamic)
+        scaled = args[1] if alpha == 1 else Op(compute, "mul", (args[1], operand(alpha, (), (), compute)))
         return Op(compute, name, (args[0], scaled))
 
     return pointwise_op(ctx, node, (first, second), dtype, build, round_scalars=False)
