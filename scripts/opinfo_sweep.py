@@ -399,6 +399,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-samples", type=int, default=None, help="at most this many samples per op")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per op before the worker is killed")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--resume", default=None, help="a --json file of an interrupted sweep: keep its ops "
+                        "(samples beyond --max-samples dropped) and run only the others")
     return parser.parse_args(argv)
 
 
@@ -415,9 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     names = names[: args.limit] if args.limit else names
     label = "inductor" if args.backend == "inductor" else f"torchfuse {args.target}"
     worker = Worker(args.target, args.backend, args.dtype, args.max_samples)
-    results, start = [], time.perf_counter()
+    results, start = load_results(args.resume, args.max_samples) if args.resume else [], time.perf_counter()
+    done = {r.name for r in results}
     try:
         for i, name in enumerate(names):
+            if name in done:
+                continue
             result = worker.run(name, args.timeout)
             results.append(result)
             note = f": {result.first_detail[:160]}" if result.outcome in ("mismatch", "error") else ""
@@ -432,6 +437,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         _write_json(args, label, results, elapsed)
     return 0
+
+
+def load_results(path: str, max_samples: int | None) -> list[OpResult]:
+    """The ops of an earlier run, cut to the first ``max_samples`` samples (so counts stay comparable)."""
+    with open(path) as f:
+        data = json.load(f)
+    results = []
+    for raw in data["results"]:
+        result = _from_dict(raw)
+        if max_samples is not None and len(result.samples) > max_samples:
+            result.samples = result.samples[:max_samples]
+            result.outcome = max((s.outcome for s in result.samples), key=_SEVERITY.__getitem__)
+        results.append(result)
+    return results
 
 
 def _write_json(args: argparse.Namespace, label: str, results: list[OpResult], elapsed: float) -> None:

@@ -71,6 +71,11 @@ def test_arange(start, end, step, dtype):
     check(fn, randn(7, 13) * 4)
 
 
+def test_arange_with_bool_bounds():
+    # OpInfo sweep: arange(False, True, True) failed to lower (a sympy boolean in the index).
+    check(lambda x: x + torch.arange(False, True, True, dtype=torch.float32, device=x.device), randn(3, 1))
+
+
 def test_scalar_tensor_from_masked_fill_and_tril():
     check(lambda x: (x.masked_fill(x > 0, -1.0), torch.tril(x, 1)), randn(7, 13))
 
@@ -81,6 +86,15 @@ def test_arange_with_dynamic_sizes():
         x = randn(*shape)
         assert_close(compiled(x), x * torch.arange(shape[1], device=DEVICE))
     assert not fallbacks()
+
+
+def test_ops_on_complex_tensors_run_as_aten_calls():
+    # OpInfo sweep: complex64 reached the kernel renderers (fft, view_as_complex) and failed.
+    fn = lambda x: torch.fft.ifft2(torch.view_as_complex(x * 2)).abs() + 1
+    x = randn(4, 6, 2)
+    compiled = compile_strict(fn)
+    assert_close(compiled(x), fn(x), reference=fn(x.double()).float())
+    assert any("fft" in op for op in fallbacks()), "complex ops must be ATen calls"
 
 
 # -- cat --------------------------------------------------------------------------------------
