@@ -234,12 +234,26 @@ def run_sample(op, sample, index: int, compiler: Callable[[Callable], Callable],
             reference = fn(*_clone(tensors, torch.float64))
         except Exception:  # noqa: BLE001 - no float64 reference: eager's result is the reference
             reference = None
+    graphs_before = _torchfuse_graphs()
     try:
         actual = compiler(fn)(*_clone(tensors))
     except Exception as error:  # noqa: BLE001 - the compiler failed: an error, not a crash of the sweep
         return SampleResult(index, "error", f"{type(error).__name__}: {_first_line(error)}")
     why = compare(actual, expected, reference, dtype_name)
-    return SampleResult(index, "mismatch", why) if why else SampleResult(index, "pass")
+    if why:
+        return SampleResult(index, "mismatch", why)
+    # A pass where Dynamo captured no graph (the op ran eagerly) tested nothing of ours: say so.
+    compiled_none = graphs_before is not None and _torchfuse_graphs() == graphs_before
+    return SampleResult(index, "pass", "no graph compiled (ran eagerly)" if compiled_none else "")
+
+
+def _torchfuse_graphs() -> int | None:
+    """How many graphs torchfuse has compiled in this process (None when torchfuse is not loaded)."""
+    if "torchfuse" not in sys.modules:
+        return None
+    import torchfuse
+
+    return len(torchfuse.report().graphs)
 
 
 def _first_line(error: BaseException) -> str:
@@ -370,14 +384,17 @@ def _from_dict(data: dict) -> OpResult:
 def summarize(results: list[OpResult]) -> dict[str, Any]:
     ops = {o: sorted(r.name for r in results if r.outcome == o) for o in OUTCOMES}
     samples = {o: sum(1 for r in results for s in r.samples if s.outcome == o) for o in OUTCOMES}
-    return {"op_counts": {o: len(ops[o]) for o in OUTCOMES}, "sample_counts": samples, "ops": ops}
+    eager_only = sum(1 for r in results for s in r.samples if s.outcome == "pass" and s.detail.startswith("no graph"))
+    return {"op_counts": {o: len(ops[o]) for o in OUTCOMES}, "sample_counts": samples,
+            "passes_without_a_graph": eager_only, "ops": ops}
 
 
 def print_summary(results: list[OpResult], label: str) -> None:
     summary = summarize(results)
     print(f"\n== {label}: {len(results)} ops")
     print("ops:     " + "  ".join(f"{o} {n}" for o, n in summary["op_counts"].items()))
-    print("samples: " + "  ".join(f"{o} {n}" for o, n in summary["sample_counts"].items()))
+    print("samples: " + "  ".join(f"{o} {n}" for o, n in summary["sample_counts"].items())
+          + f"  (passes where no graph was compiled: {summary['passes_without_a_graph']})")
     by_name = {r.name: r for r in results}
     for outcome in ("mismatch", "error", "skip", "pass"):
         names = summary["ops"][outcome]
