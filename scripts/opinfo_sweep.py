@@ -416,13 +416,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-samples", type=int, default=None, help="at most this many samples per op")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per op before the worker is killed")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--table", nargs="+", default=None, metavar="JSON",
+                        help="print counts of several --json files side by side on the samples all of them ran")
     parser.add_argument("--resume", default=None, help="a --json file of an interrupted sweep: keep its ops "
                         "(samples beyond --max-samples dropped) and run only the others")
     return parser.parse_args(argv)
 
 
+def print_table(paths: list[str]) -> None:
+    """Sample and op counts of several runs, restricted to the (op, sample) pairs every run has."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        runs.append((data["label"], {(r["name"], s["index"]): s["outcome"] for r in data["results"] for s in r["samples"]}))
+    common = set.intersection(*(set(outcomes) for _, outcomes in runs))
+    print(f"{len(common)} samples of {len({op for op, _ in common})} ops ran in every run")
+    print(f"{'run':28} " + " ".join(f"{o:>9}" for o in OUTCOMES) + "   ops: " + " ".join(f"{o:>8}" for o in OUTCOMES))
+    for label, outcomes in runs:
+        samples = {o: sum(1 for key in common if outcomes[key] == o) for o in OUTCOMES}
+        per_op: dict[str, str] = {}
+        for (op, _), outcome in ((key, outcomes[key]) for key in common):
+            per_op[op] = max(per_op.get(op, "skip"), outcome, key=_SEVERITY.__getitem__)
+        ops = {o: sum(1 for v in per_op.values() if v == o) for o in OUTCOMES}
+        print(f"{label:28} " + " ".join(f"{samples[o]:>9}" for o in OUTCOMES) + "        "
+              + " ".join(f"{ops[o]:>8}" for o in OUTCOMES))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.table:
+        print_table(args.table)
+        return 0
     names = sorted(all_ops())
     if args.ops:
         wanted = [n.strip() for n in args.ops.split(",") if n.strip()]

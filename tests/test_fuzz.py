@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import torchfuse
 from conftest import DEVICE, assert_close, compile_strict, to_float64
+from scripts.opinfo_sweep import compare
 
 EXAMPLES = int(os.environ.get("TORCHFUSE_FUZZ_EXAMPLES", "25"))
 
@@ -227,7 +228,11 @@ def check_program(steps: list[Step], x: torch.Tensor, y: torch.Tensor) -> None:
     expected = run_program(steps, x, y)
     reference = run_program(steps, *to_float64((x, y)))
     actual = compile_strict(lambda a, b: run_program(steps, a, b))(x, y)
-    assert_close(actual, expected, dtype=torch.float16 if _has_half(steps) else None, reference=reference.to(expected.dtype))
+    half = _has_half(steps)
+    assert_close(actual, expected, dtype=torch.float16 if half else None, reference=reference.to(expected.dtype))
+    # Element by element too: the check above scales its tolerance by the largest value.
+    why = compare(actual, expected, reference, "float16" if half else "float32")
+    assert why is None, why
 
 
 def _has_half(steps: list[Step]) -> bool:
