@@ -88,6 +88,11 @@ def test_arange_with_dynamic_sizes():
     assert not fallbacks()
 
 
+def test_gather_from_a_0d_tensor_takes_the_index_shape():
+    # OpInfo sweep: gather(0-d, 0, tensor([0])) is shape (1,); we made a 0-d output.
+    check(lambda x, i: torch.gather(x, 0, i) * 2, randn(()), torch.zeros(1, dtype=torch.int64, device=DEVICE))
+
+
 def test_ops_on_complex_tensors_run_as_aten_calls():
     # OpInfo sweep: complex64 reached the kernel renderers (fft, view_as_complex) and failed.
     fn = lambda x: torch.fft.ifft2(torch.view_as_complex(x * 2)).abs() + 1
