@@ -88,6 +88,14 @@ def test_arange_with_dynamic_sizes():
     assert not fallbacks()
 
 
+def test_embedding_bag_with_include_last_offset():
+    # OpInfo sweep: an unread extern output whose traced shape is wrong (fake tensors give
+    # embedding_bag's offsets output 2 elements where ATen returns 3) failed the layout check.
+    fn = lambda w, i, o: torch.nn.functional.embedding_bag(i, w, o, mode="sum", include_last_offset=True) * 2
+    index, offsets = (torch.tensor(v, device=DEVICE) for v in ([0, 1, 1, 0, 1, 4], [0, 3, 6]))
+    check(fn, randn(5, 5), index, offsets, allowed={"aten._embedding_bag_forward_only"})
+
+
 def test_gather_from_a_0d_tensor_takes_the_index_shape():
     # OpInfo sweep: gather(0-d, 0, tensor([0])) is shape (1,); we made a 0-d output.
     check(lambda x, i: torch.gather(x, 0, i) * 2, randn(()), torch.zeros(1, dtype=torch.int64, device=DEVICE))
