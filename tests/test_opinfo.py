@@ -14,7 +14,7 @@ import torch._dynamo
 from conftest import TEST_TARGET
 from scripts.opinfo_sweep import all_ops, compare, run_op
 
-MAX_SAMPLES = 4  # the first samples of each op: enough for the rule, keeps the module under a minute
+MAX_SAMPLES = 3  # the first samples of each op: enough for the rule, keeps the module under a minute
 
 OPS = [
     # elementwise
