@@ -71,6 +71,11 @@ def test_arange(start, end, step, dtype):
     check(fn, randn(7, 13) * 4)
 
 
+def test_arange_with_bool_bounds():
+    # OpInfo sweep: arange(False, True, True) failed to lower (a sympy boolean in the index).
+    check(lambda x: x + torch.arange(False, True, True, dtype=torch.float32, device=x.device), randn(3, 1))
+
+
 def test_scalar_tensor_from_masked_fill_and_tril():
     check(lambda x: (x.masked_fill(x > 0, -1.0), torch.tril(x, 1)), randn(7, 13))
 
@@ -81,6 +86,28 @@ def test_arange_with_dynamic_sizes():
         x = randn(*shape)
         assert_close(compiled(x), x * torch.arange(shape[1], device=DEVICE))
     assert not fallbacks()
+
+
+def test_embedding_bag_with_include_last_offset():
+    # OpInfo sweep: an unread extern output whose traced shape is wrong (fake tensors give
+    # embedding_bag's offsets output 2 elements where ATen returns 3) failed the layout check.
+    fn = lambda w, i, o: torch.nn.functional.embedding_bag(i, w, o, mode="sum", include_last_offset=True) * 2
+    index, offsets = (torch.tensor(v, device=DEVICE) for v in ([0, 1, 1, 0, 1, 4], [0, 3, 6]))
+    check(fn, randn(5, 5), index, offsets, allowed={"aten._embedding_bag_forward_only"})
+
+
+def test_gather_from_a_0d_tensor_takes_the_index_shape():
+    # OpInfo sweep: gather(0-d, 0, tensor([0])) is shape (1,); we made a 0-d output.
+    check(lambda x, i: torch.gather(x, 0, i) * 2, randn(()), torch.zeros(1, dtype=torch.int64, device=DEVICE))
+
+
+def test_ops_on_complex_tensors_run_as_aten_calls():
+    # OpInfo sweep: complex64 reached the kernel renderers (fft, view_as_complex) and failed.
+    fn = lambda x: torch.fft.ifft2(torch.view_as_complex(x * 2)).abs() + 1
+    x = randn(4, 6, 2)
+    compiled = compile_strict(fn)
+    assert_close(compiled(x), fn(x), reference=fn(x.double()).float())
+    assert any("fft" in op for op in fallbacks()), "complex ops must be ATen calls"
 
 
 # -- cat --------------------------------------------------------------------------------------

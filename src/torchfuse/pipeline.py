@@ -34,9 +34,12 @@ class CompileState:
 
 
 def choose_target(example_inputs: list[Any], options: Options) -> str:
-    if options.target != "auto":
-        return options.target
     devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)}
+    if options.target != "auto":
+        # A forced target still needs memory it can run on: meta tensors have no data, and a
+        # kernel handed their null pointers would crash the process. ATen computes their shapes.
+        runnable = {"cpp": {"cpu"}, "triton": {"cpu", "cuda"}}.get(options.target)
+        return options.target if runnable is None or devices <= runnable else "aten"
     if "cuda" in devices:
         return "triton"
     return "cpp" if devices <= {"cpu"} else "aten"  # C++ for CPU tensors; ATen for other devices

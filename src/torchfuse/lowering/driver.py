@@ -92,7 +92,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
     args, kwargs = _symints_to_sympy(args), _symints_to_sympy(kwargs)
-    rule = registry.lookup(node.target)
+    # Kernels have no complex arithmetic: an op touching complex tensors runs as ATen (exact).
+    rule = None if _touches_complex(node) else registry.lookup(node.target)
     if rule is not None:
         result = rule(ctx, node, *args, **kwargs)
         if result is not NotImplemented:
@@ -101,6 +102,13 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
 
     ctx.graph.fallbacks.append(_op_name(node.target))
     return lower_extern(ctx, node, args, kwargs)
+
+
+def _touches_complex(node: torch.fx.Node) -> bool:
+    from torch.utils._pytree import tree_leaves
+
+    values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
+    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in tree_leaves(values))
 
 
 # Arithmetic on sizes (SymInts) that Dynamo records as graph nodes, evaluated symbolically.

@@ -39,6 +39,7 @@ class WrapperWriter:
         self.live: set[str] = set()
         self.free_pool: dict[tuple, list[str]] = {}
         self.allocated_here: set[str] = set()
+        self.read_later: set[str] = set()  # buffers a kernel, an extern or the return reads
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -54,6 +55,7 @@ class WrapperWriter:
         if any(isinstance(k, CppKernel) for k in self.kernels.values()):
             self.emit("threads = get_num_threads()  # C++ kernels follow torch.set_num_threads")
         last_use = self._last_uses()
+        self.read_later = set(last_use) | self.graph.output_names()
         for step, item in enumerate(self.plan.items):
             if isinstance(item, FusedKernel):
                 self._emit_kernel(item)
@@ -140,6 +142,10 @@ class WrapperWriter:
         result = f"{node.name}_result"
         self.emit(f"{result} = {fn}({args}{kwargs})")
         for buffer, path in zip(node.outputs, node.output_paths):
+            if buffer.name not in self.read_later:
+                # Unread outputs keep no name: their traced shape may be wrong (fake tensors
+                # give embedding_bag's unused offsets output one element too few).
+                continue
             access = result + "".join(f"[{i}]" for i in path)
             self.emit(f"{buffer.name} = ensure_layout({access}, {_tuple(buffer.shape)}, {_tuple(buffer.strides)})")
             self.live.add(buffer.name)

@@ -85,6 +85,8 @@ def range_body(start: Any, step: Any, var: sympy.Symbol, dtype: torch.dtype) -> 
     does (it accumulates in double), so ``arange(0.1, 1, 0.3)`` matches it bit for bit.
     """
     if _is_integral(start) and _is_integral(step):
+        # int(): a bool start/step (``arange(False, True, True)``) would become a sympy boolean.
+        start, step = (int(v) if isinstance(v, bool) else v for v in (start, step))
         return cast(IndexValue(torch.int64, sympy.sympify(start) + sympy.sympify(step) * var), dtype)
     wide = torch.float64
     position = Cast(wide, IndexValue(torch.int64, var))

@@ -285,8 +285,8 @@ def gather(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim: int, 
            **kwargs: Any) -> TensorValue:
     """``out[i] = x[i with dim replaced by index[i]]``; ``index`` may be smaller than ``x``."""
     meta = out_meta(node)
-    if x.rank == 0:
-        return ctx.pointwise((), meta.dtype, meta.device, lambda idx: cast(x.load(()), meta.dtype))
+    if x.rank == 0:  # every index is 0 (eager checks): the output is x repeated in index's shape
+        return ctx.pointwise(output_shape(node), meta.dtype, meta.device, lambda idx: cast(x.load(()), meta.dtype))
     dim = _dim(dim, x.rank)
     x = gather_source(ctx, x, (dim,))
 
