@@ -439,11 +439,16 @@ def innermost_loops(lines: list[str]) -> list[int]:
 @pytest.mark.skipif("g++" not in os.path.basename(cpp_build.find_compiler() or ""), reason="GCC's report")
 def test_inner_loops_are_vectorized(tmp_path):
     """GCC's vectorizer report: every innermost loop of a pointwise kernel, a row reduction
-    (softmax), a chunked float32 sum and a tiled column reduction is vectorized."""
+    (softmax), a chunked float32 sum, a tiled column reduction and max pooling is vectorized."""
     x = floats((256, 512), specials=())
     compile_cpp(lambda x, b: (F.gelu(x + b), x.softmax(-1), x.sum(-1), x.sum(0)))(x, floats((512,), seed=1))
+    # Max pooling after a scale-shift and ReLU (a conv's eval BatchNorm epilogue): stride-2 loads.
+    compile_cpp(lambda y, s: F.max_pool2d(F.relu(y * s[:, None, None] + 1), 2))(floats((2, 8, 32, 32), specials=()),
+                                                                                 floats((8,), seed=2))
     assert {"rows", "tiled"} <= set(strategies())
-    kernels = "".join(k.source for g in torchfuse.report().graphs for k in g.generated_kernels)
+    # Kernel names restart in every graph: prefix them with the graph's name in one file.
+    kernels = "".join(k.source.replace(f" {k.name}(", f" {g.name}_{k.name}(")
+                      for g in torchfuse.report().graphs for k in g.generated_kernels)
     path = tmp_path / "k.cpp"
     path.write_text(PRELUDE + kernels)
     command = [cpp_build.find_compiler(), *cpp_build.BASE_FLAGS, "-fopt-info-vec-optimized", str(path), "-o",
