@@ -14,7 +14,7 @@ from torchfuse.ir.expr import Expr, Load, loads, substitute_index, walk
 from torchfuse.ir.graph import Extern, Graph, Pointwise, Reduction
 from torchfuse.scheduler import placement as placing
 from torchfuse.scheduler import policy
-from torchfuse.scheduler.bodies import inline_producers
+from torchfuse.scheduler.bodies import gathered_vars_are_bare, inline_producers
 from torchfuse.scheduler.decisions import FusionDecision
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel, KernelMember, ScheduledItem
 
@@ -86,7 +86,7 @@ class _SchedulerState:
             ctx = policy.RealizeContext(
                 is_output=node.name in outputs,
                 read_by_extern=any(r not in self.nodes for r in direct.get(node.name, [])),
-                read_indirectly=node.name in self._indirect_reads(),
+                read_indirectly=node.name in self._indirect_reads() and not self._gather_inlinable(node),
                 reader_count=len(readers),
             )
             if should_realize(node, ctx):
@@ -106,6 +106,20 @@ class _SchedulerState:
                 load.buffer for node in self.nodes.values() for load in loads(node.body) if load.is_indirect
             }
         return self._indirect_cache
+
+    def _gather_inlinable(self, node: Pointwise) -> bool:
+        """True when every gathered read of ``node`` can recompute it at the gathered index
+        (``bodies.gathered_vars_are_bare``): cross-entropy's ``log_softmax[i, t[i]]`` becomes
+        ``x[i, t[i]] - max[i] - log(sum[i])`` instead of storing the whole log-softmax."""
+        pointwise = {n.name: n for n in self.nodes.values() if isinstance(n, Pointwise)}
+        for reader in self.nodes.values():
+            for load in loads(reader.body):
+                if load.buffer != node.name or not load.is_indirect:
+                    continue
+                positions = {k for k, e in enumerate(load.index) if isinstance(e, Expr)}
+                if not gathered_vars_are_bare(node, positions, pointwise):
+                    return False
+        return True
 
     def inlinable(self, name: str) -> Pointwise | None:
         node = self.nodes.get(name)
