@@ -127,6 +127,52 @@ def test_float32_sums_are_accurate_for_long_rows(length):
     assert ((got - exact).abs() <= x.double().abs().sum(-1) * 2**-24 / 16).all()
 
 
+@pytest.mark.parametrize("length", [31, 32, 33, 100, 511, 512, 513, 1000, 4097])
+def test_lane_sums_of_every_row_length(length):
+    """float32 row sums keep 32 lanes per chunk plus a SIMD remainder (rows.py): every split
+    of a row into blocks, remainder and chunks sums every element once; softmax also parks
+    its exp in the output on the way (both loops)."""
+    x = floats((5, length), specials=())
+
+    def fn(x):
+        centered = x - x.mean(-1, keepdim=True)
+        return x.sum(-1), centered.pow(2).mean(-1), x.softmax(-1), F.layer_norm(x, (length,))
+
+    check(fn, x)
+    y = x.clone()
+    y[1, length // 2] = NAN
+    y[2, length - 1] = INF
+    check(lambda y: (y.sum(-1), y.softmax(-1)), y)
+
+
+def test_lane_sums_with_a_dynamic_row_length():
+    fn = compile_cpp(lambda x: (x.sum(-1), x.softmax(-1)), dynamic=True)
+    for length in (40, 77, 600):
+        x = floats((3, length), specials=(), seed=length)
+        got, want, ref = fn(x), (x.sum(-1), x.softmax(-1)), (x.double().sum(-1), x.double().softmax(-1))
+        assert [p for g, w, r in zip(got, want, ref) for p in compare(g, w, r, scale_tol=True)] == []
+
+
+def test_pointwise_kernel_writes_over_a_dead_matmul_result():
+    """GELU after a matmul overwrites the matmul's result (dead afterwards) instead of
+    allocating; inputs, outputs and transposed reads are never overwritten."""
+    a, w = floats((33, 40), specials=()), floats((40, 70), specials=(), seed=1)
+
+    def fn(a, w):
+        return F.gelu(a @ w) @ w.t()
+
+    compiled = check(fn, a, w)
+    assert "overwrites the dead buffer" in torchfuse.report().graphs[0].wrapper_source
+    before = a.clone()
+    torchfuse.reset()
+    check(lambda a: (a * 2, a.t().contiguous() + 1), a.t().contiguous().t())  # an input: never
+    assert torch.equal(a, before)
+    torchfuse.reset()
+    check(lambda a, w: ((a @ w).t() * 2 + (a @ w)), floats((40, 40), specials=()), floats((40, 40), seed=2))
+    assert "overwrites the dead buffer" not in torchfuse.report().graphs[0].wrapper_source  # reads a transpose
+    del compiled
+
+
 def test_pointwise_loops_merge_only_where_contiguous():
     x = floats((64, 130), specials=())
     check(lambda x: x * 2 + 1, x)
@@ -199,6 +245,9 @@ def test_conv_batchnorm_relu_pool_block(training):
 
 
 def test_cross_entropy_forward_does_not_store_the_log_softmax():
+    """The gathered log-softmax is recomputed at the gathered index, x[i, t[i]] - max[i] -
+    log(sum[i]) (scheduler: gathered reads of a producer that uses the gathered variable
+    only as a whole index entry), instead of storing the whole log-softmax."""
     logits, target = floats((64, 1000), specials=()), torch.randint(0, 1000, (64,))
     with torch.no_grad():
         compile_cpp(F.cross_entropy)(logits, target)
@@ -436,11 +485,16 @@ def innermost_loops(lines: list[str]) -> list[int]:
 @pytest.mark.skipif("g++" not in os.path.basename(cpp_build.find_compiler() or ""), reason="GCC's report")
 def test_inner_loops_are_vectorized(tmp_path):
     """GCC's vectorizer report: every innermost loop of a pointwise kernel, a row reduction
-    (softmax), a chunked float32 sum and a tiled column reduction is vectorized."""
+    (softmax), a chunked float32 sum, a tiled column reduction and max pooling is vectorized."""
     x = floats((256, 512), specials=())
     compile_cpp(lambda x, b: (F.gelu(x + b), x.softmax(-1), x.sum(-1), x.sum(0)))(x, floats((512,), seed=1))
+    # Max pooling after a scale-shift and ReLU (a conv's eval BatchNorm epilogue): stride-2 loads.
+    compile_cpp(lambda y, s: F.max_pool2d(F.relu(y * s[:, None, None] + 1), 2))(floats((2, 8, 32, 32), specials=()),
+                                                                                 floats((8,), seed=2))
     assert {"rows", "tiled"} <= set(strategies())
-    kernels = "".join(k.source for g in torchfuse.report().graphs for k in g.generated_kernels)
+    # Kernel names restart in every graph: prefix them with the graph's name in one file.
+    kernels = "".join(k.source.replace(f" {k.name}(", f" {g.name}_{k.name}(")
+                      for g in torchfuse.report().graphs for k in g.generated_kernels)
     path = tmp_path / "k.cpp"
     path.write_text(PRELUDE + kernels)
     command = [cpp_build.find_compiler(), *cpp_build.BASE_FLAGS, "-fopt-info-vec-optimized", str(path), "-o",
@@ -449,9 +503,10 @@ def test_inner_loops_are_vectorized(tmp_path):
     vectorized = {int(line.split(":")[1]) for line in report.splitlines() if "loop vectorized" in line}
     lines = (PRELUDE + kernels).splitlines()
     first = PRELUDE.count("\n") + 1
-    # GCC names a loop by its condition's line, or (omp simd) by its body's first line.
+    # GCC names a loop by its condition's line, or (omp simd) by its body's first line or
+    # its pragma's line.
     loops = [n for n in innermost_loops(lines) if n > first and "}" not in lines[n - 1]]
-    missing = [lines[n - 1].strip() for n in loops if not {n, n + 1} & vectorized]
+    missing = [lines[n - 1].strip() for n in loops if not {n - 1, n, n + 1} & vectorized]
     assert loops and not missing, f"not vectorized: {missing}\n{report}"
 
 

@@ -40,6 +40,7 @@ class WrapperWriter:
         self.free_pool: dict[tuple, list[str]] = {}
         self.allocated_here: set[str] = set()
         self.read_later: set[str] = set()  # buffers a kernel, an extern or the return reads
+        self.fresh_extern_outputs: set[str] = set()  # extern results aliasing no input
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -58,7 +59,7 @@ class WrapperWriter:
         self.read_later = set(last_use) | self.graph.output_names()
         for step, item in enumerate(self.plan.items):
             if isinstance(item, FusedKernel):
-                self._emit_kernel(item)
+                self._emit_kernel(item, step, last_use)
             else:
                 self._emit_extern(item.node)
             self._free(step, last_use)
@@ -115,11 +116,21 @@ class WrapperWriter:
         return name
 
     # -- kernels and externs ---------------------------------------------------------------
-    def _emit_kernel(self, kernel: FusedKernel) -> None:
+    def _emit_kernel(self, kernel: FusedKernel, step: int, last_use: dict[str, int]) -> None:
         compiled = self.kernels[kernel.name]
         for member in kernel.members:
             if member.stored:
-                self._allocate(self.graph.buffers[member.node.name])
+                # A mutated input's new value goes into the input (plan.in_place, _allocate);
+                # otherwise the kernel may overwrite a dead buffer it reads element-wise.
+                reused = None if member.node.name in self.plan.in_place else \
+                    self._in_place_source(compiled, member.node.name, step, last_use)
+                if reused:  # the old name is dropped after the kernel, never pooled for reuse
+                    self.emit(f"{member.node.name} = {reused}  # overwrites the dead buffer {reused}")
+                    self.allocated_here.discard(reused)
+                    self.live.add(member.node.name)
+                    self.allocated_here.add(member.node.name)
+                else:
+                    self._allocate(self.graph.buffers[member.node.name])
         args = compiled.pointer_args + [s.name for s in compiled.size_args]
         fn = self._const(compiled, "kernel")
         self.emit(f"# {kernel.name}: {', '.join(kernel.origins)}")
@@ -134,6 +145,19 @@ class WrapperWriter:
         else:
             self.emit(f"launch_pointwise({fn}.launcher, {py(compiled.xnumel)}, {', '.join(args)})")
 
+    def _in_place_source(self, compiled, name: str, step: int, last_use: dict[str, int]) -> str | None:
+        """A dead input the kernel may overwrite to produce ``name`` (C++ kernels only): one
+        the renderer allows (``CppKernel.in_place``), read for the last time here, and ours:
+        allocated by this wrapper or returned by an ATen op that aliases none of its inputs;
+        never a graph input, output or constant."""
+        keep = self.graph.output_names() | {b.name for b in self.graph.inputs} | set(self.graph.constants)
+        for source in getattr(compiled, "in_place", {}).get(name, []):
+            if source in keep or source not in self.live or last_use.get(source, -1) != step:
+                continue
+            if source in self.allocated_here or source in self.fresh_extern_outputs:
+                return source
+        return None
+
     def _emit_extern(self, node: Extern) -> None:
         fn = self._const(node.target, "aten_op")
         args = ", ".join(self._extern_value(a) for a in node.args)
@@ -141,6 +165,7 @@ class WrapperWriter:
         self.emit(f"# {node.name}: {node.target}")
         result = f"{node.name}_result"
         self.emit(f"{result} = {fn}({args}{kwargs})")
+        fresh = _returns_fresh_tensors(node.target)
         for buffer, path in zip(node.outputs, node.output_paths):
             if buffer.name not in self.read_later:
                 # Unread outputs keep no name: their traced shape may be wrong (fake tensors
@@ -149,6 +174,8 @@ class WrapperWriter:
             access = result + "".join(f"[{i}]" for i in path)
             self.emit(f"{buffer.name} = ensure_layout({access}, {_tuple(buffer.shape)}, {_tuple(buffer.strides)})")
             self.live.add(buffer.name)
+            if fresh:
+                self.fresh_extern_outputs.add(buffer.name)
 
     def _extern_value(self, value: Any) -> str:
         if isinstance(value, ExternArg):
@@ -175,6 +202,14 @@ class WrapperWriter:
             value = out.constant
             return py(value) if isinstance(value, sympy.Expr) else self._extern_value(value)
         return self._view(out.buffer, out.shape, out.strides, out.offset)
+
+
+def _returns_fresh_tensors(target: Any) -> bool:
+    """True for an ATen op whose schema says no output aliases an input (not a view)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return False
+    return all(ret.alias_info is None for ret in schema.returns)
 
 
 def _contiguous(buffer: Buffer):

@@ -96,8 +96,11 @@ template <class T> static inline T tf_shift_right(T a, T b) {
 }
 
 // -- floating point ------------------------------------------------------------------------
-template <class T> static inline T tf_max_nan(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }
-template <class T> static inline T tf_min_nan(T a, T b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
+// NaN wins (a's first). Written as three flat selects, not nested ones: GCC's if-conversion
+// gives up on the nested form in some loops (a ReLU feeding max-pooling's maxima stayed
+// scalar, 15x slower); the flat form vectorizes wherever the nested one did.
+template <class T> static inline T tf_max_nan(T a, T b) { T m = a < b ? b : a; m = b != b ? b : m; return a != a ? a : m; }
+template <class T> static inline T tf_min_nan(T a, T b) { T m = b < a ? b : a; m = b != b ? b : m; return a != a ? a : m; }
 
 // ATen's div_floor_floating: floor(a / b) rounds wrongly when a / b rounds up to an
 // integer (1.0 // 0.1 is 9, not 10), and inf // x is NaN.
