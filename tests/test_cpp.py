@@ -128,10 +128,9 @@ def test_float32_sums_are_accurate_for_long_rows(length):
 
 
 @pytest.mark.parametrize("length", [31, 32, 33, 100, 511, 512, 513, 1000, 4097])
-def test_lane_sums_of_every_row_length(length):
-    """float32 row sums keep 32 lanes per chunk plus a SIMD remainder (rows.py): every split
-    of a row into blocks, remainder and chunks sums every element once; softmax also parks
-    its exp in the output on the way (both loops)."""
+def test_row_sums_of_every_row_length(length):
+    """float32 row sums are chunked (rows.py): every split of a row into chunks and SIMD
+    remainders sums every element once; softmax also parks its exp in the output."""
     x = floats((5, length), specials=())
 
     def fn(x):
@@ -145,7 +144,7 @@ def test_lane_sums_of_every_row_length(length):
     check(lambda y: (y.sum(-1), y.softmax(-1)), y)
 
 
-def test_lane_sums_with_a_dynamic_row_length():
+def test_row_sums_with_a_dynamic_row_length():
     fn = compile_cpp(lambda x: (x.sum(-1), x.softmax(-1)), dynamic=True)
     for length in (40, 77, 600):
         x = floats((3, length), specials=(), seed=length)

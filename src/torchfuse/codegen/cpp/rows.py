@@ -20,13 +20,6 @@ from torchfuse.scheduler.kernel import KernelMember
 
 # Elements of a float32 partial sum (see reductions.py): 16 per lane with 8-lane vectors.
 REDUCTION_CHUNK = 128
-# float32 sums of rows longer than SUM_LANES keep SUM_STREAMS float32 partials per chunk of
-# LANE_CHUNK elements: one SIMD accumulator is one chain of dependent additions (4 cycles
-# each), which made layer norm's mean and variance passes latency-bound; four streams are
-# four independent chains. Each SIMD lane of a stream still adds at most 16 elements.
-SUM_STREAMS = 4
-SUM_LANES = 32
-LANE_CHUNK = 512
 # Per-thread partial results of a split reduction are combined in thread order (so results
 # do not depend on timing); at most this many threads take part.
 MAX_SPLIT_THREADS = 64
@@ -168,11 +161,7 @@ def accumulate(renderer, accs, scope: Scope, targets: dict[str, str], start: str
     writer = renderer.writer
     inner = renderer.plan.r_loops[-1]
     size = end or renderer.size_text(inner.size)
-    chunked = any(acc.part_type for _, acc, _ in accs) and not statically_at_most(inner.size, SUM_LANES)
-    if chunked and all(acc.part_type for _, acc, _ in accs):
-        _accumulate_lanes(renderer, accs, scope, targets, start, size, parked or {})
-        return
-    chunked = chunked and not statically_at_most(inner.size, REDUCTION_CHUNK)
+    chunked = any(acc.part_type for _, acc, _ in accs) and not statically_at_most(inner.size, REDUCTION_CHUNK)
     slots = dict(targets)
     if chunked:  # float32 sums: float32 partials per chunk, folded into float64 (see reductions.py)
         chunk = f"{inner.var.name}c"
@@ -189,8 +178,13 @@ def accumulate(renderer, accs, scope: Scope, targets: dict[str, str], start: str
         clauses = [c for _, acc, name in accs for c in red.clauses(acc, slots[name])]
         scope.emit("#pragma omp simd " + " ".join(clauses))
     body = renderer.open_loop(scope, inner, start, size)
-    _update_all(renderer, accs, body, slots)
-    _park(renderer, parked or {}, body)
+    index = writer.index_text(renderer.flat_r_index(renderer.plan.substitution))
+    for member, acc, name in accs:
+        value = writer.text(renderer.body(member), body)
+        for line in red.update(acc, red.Slot(slots[name]), value, index):
+            body.emit(line)
+    for member, expr in (parked or {}).items():
+        renderer.store(member, writer.value(expr, body), body)
     scope.emit("}")
     if chunked:
         for _, acc, name in accs:
@@ -198,69 +192,6 @@ def accumulate(renderer, accs, scope: Scope, targets: dict[str, str], start: str
                 for line in red.combine(acc, red.Slot(targets[name]), red.Slot(slots[name])):
                     scope.emit(line)
         scope.parent.emit("}")
-
-
-def _update_all(renderer, accs, body: Scope, slots: dict[str, str], at: str = "") -> None:
-    """Fold this element's value of every reduction into its slot."""
-    writer = renderer.writer
-    index = writer.index_text(renderer.flat_r_index(renderer.plan.substitution))
-    for member, acc, name in accs:
-        value = writer.text(renderer.body(member), body)
-        for line in red.update(acc, red.Slot(slots[name], at), value, index):
-            body.emit(line)
-
-
-def _park(renderer, parked: dict[KernelMember, Expr], body: Scope) -> None:
-    for member, expr in parked.items():
-        renderer.store(member, renderer.writer.value(expr, body), body)
-
-
-def _accumulate_lanes(renderer, accs, scope: Scope, targets: dict[str, str], start: str, size: str,
-                      parked: dict[KernelMember, Expr]) -> None:
-    """float32 sums with ``SUM_STREAMS`` independent float32 partials per chunk.
-
-    A chunk of ``LANE_CHUNK`` elements is cut into ``SUM_STREAMS`` equal contiguous
-    quarters; one SIMD loop walks them side by side, each quarter adding into its own
-    partial (so consecutive vector additions do not wait for each other), then a SIMD loop
-    takes the remainder; the partials are added pairwise into the row's float64 accumulator.
-    Plain ``omp simd reduction`` loops, which GCC vectorizes whatever the body (a lane
-    array indexed by a constant-trip loop did not vectorize a cross-entropy backward).
-    """
-    writer = renderer.writer
-    inner = renderer.plan.r_loops[-1]
-    var = inner.var.name
-    chunk, stop, quarter, step = f"{var}c", f"{var}e", f"{var}q", f"{var}j"
-    scope.emit(f"for (int64_t {chunk} = {start}; {chunk} < {size}; {chunk} += {LANE_CHUNK}) {{")
-    body = scope.child()
-    body.emit(f"const int64_t {stop} = tf_imin({chunk} + {LANE_CHUNK}, {size});")
-    body.emit(f"const int64_t {quarter} = ({stop} - {chunk}) / {SUM_STREAMS};")
-    parts = {name: [writer.new_var("part") for _ in range(SUM_STREAMS + 1)] for _, _, name in accs}
-    for names in parts.values():
-        body.emit(f"float {' = 0, '.join(names)} = 0;")
-    clauses = " ".join(f"reduction(+:{p})" for names in parts.values() for p in names[:SUM_STREAMS])
-    body.emit(f"#pragma omp simd {clauses}")
-    body.emit(f"for (int64_t {step} = {chunk}; {step} < {chunk} + {quarter}; ++{step}) {{")
-    streams = body.child()
-    for k in range(SUM_STREAMS):
-        streams.emit("{")
-        block = streams.child()
-        block.emit(f"const int64_t {var} = {step}" + (f" + {k} * {quarter};" if k else ";"))
-        _update_all(renderer, accs, block, {name: names[k] for name, names in parts.items()})
-        _park(renderer, parked, block)
-        streams.emit("}")
-    body.emit("}")
-    # The remainder; none when the row is a multiple of the streams (then so is every chunk,
-    # and every range of a split row: those start at multiples of REDUCTION_CHUNK).
-    if not (inner.size.is_number and int(inner.size) % SUM_STREAMS == 0):
-        body.emit("#pragma omp simd " + " ".join(f"reduction(+:{names[-1]})" for names in parts.values()))
-        tail = renderer.open_loop(body, inner, f"{chunk} + {SUM_STREAMS} * {quarter}", stop)
-        _update_all(renderer, accs, tail, {name: names[-1] for name, names in parts.items()})
-        _park(renderer, parked, tail)
-        body.emit("}")
-    for name, names in parts.items():
-        pairs = f"(({names[0]} + {names[1]}) + ({names[2]} + {names[3]}))" if SUM_STREAMS == 4 else " + ".join(names[:-1])
-        body.emit(f"{targets[name]} = {targets[name]} + (double)({pairs} + {names[-1]});")
-    scope.emit("}")
 
 
 def _split_pass(renderer, accs, row: Scope) -> None:
