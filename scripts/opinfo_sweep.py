@@ -116,11 +116,18 @@ def _compare_leaf(a: Any, e: Any, r: Any, dtype_name: str) -> str | None:
         return f"dtype {a.dtype} != {e.dtype}"
     if a.device != e.device:
         return f"device {a.device} != {e.device}"
+    if a.layout != e.layout:
+        return f"layout {a.layout} != {e.layout}"
+    if e.layout != torch.strided:  # sparse results: compare their dense values
+        a, e = a.to_dense(), e.to_dense()
+        r = r.to_dense() if isinstance(r, torch.Tensor) and r.layout != torch.strided else r
     a, e = a.detach().cpu(), e.detach().cpu()
     r = r.detach().cpu() if isinstance(r, torch.Tensor) and r.shape == e.shape else e
-    if e.is_complex():
-        a, e = torch.view_as_real(a), torch.view_as_real(e)
-        r = torch.view_as_real(r) if r.is_complex() else e
+    if e.is_complex():  # resolve_conj: view_as_real refuses a lazily conjugated tensor
+        a, e = (torch.view_as_real(v.resolve_conj()) if v.is_complex() else v for v in (a, e))
+        r = torch.view_as_real(r.resolve_conj()) if r.is_complex() else e
+        if a.shape != e.shape:
+            return "complex where eager is real (or the reverse)"
     if not e.is_floating_point():
         return None if torch.equal(a, e) else f"{_count(a != e)} of {e.numel()} elements differ (exact dtype)"
     return _compare_floats(a, e, r, dtype_name)
@@ -193,11 +200,21 @@ def _clone(tensors: list, dtype=None) -> list:
 
     out = []
     for t in tensors:
-        c = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) if t.device.type != "meta" else t
+        c = _exact_copy(t)
         if dtype is not None and c.is_floating_point():
             c = c.to(dtype)
         out.append(c)
     return out
+
+
+def _exact_copy(t):
+    """A copy with t's storage, offset and strides (overlapping and offset views stay so)."""
+    import torch
+
+    if t.layout != torch.strided or t.device.type == "meta":
+        return t.clone()
+    copy = torch.empty(0, dtype=t.dtype, device=t.device)
+    return copy.set_(t.untyped_storage().clone(), t.storage_offset(), t.shape, t.stride())
 
 
 def make_compiler(target: str, backend: str) -> Callable[[Callable], Callable]:
@@ -266,6 +283,17 @@ def _first_line(error: BaseException) -> str:
     return (lines[0] if lines else repr(error))[:300]
 
 
+def _samples(op, dtype, max_samples: int | None):
+    """The op's first ``max_samples`` samples; an exception building one is yielded, then stops."""
+    try:
+        for index, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=False)):
+            if max_samples is not None and index >= max_samples:
+                return
+            yield sample
+    except Exception as error:  # noqa: BLE001 - OpInfo's sample generator failed
+        yield error
+
+
 def run_op(name: str, target: str, backend: str, dtype_name: str, max_samples: int | None) -> OpResult:
     """Every sample of one op; Dynamo's caches are reset before and after."""
     import torch
@@ -282,15 +310,15 @@ def run_op(name: str, target: str, backend: str, dtype_name: str, max_samples: i
     has_float64 = torch.float64 in op.supported_dtypes("cpu")
     compiler = make_compiler(target, backend)
     results = []
-    try:
-        samples = op.sample_inputs("cpu", dtype, requires_grad=False)
-        for index, sample in enumerate(samples):
-            if max_samples is not None and index >= max_samples:
-                break
-            torch.manual_seed(index)
+    for index, sample in enumerate(_samples(op, dtype, max_samples)):
+        if isinstance(sample, Exception):  # OpInfo could not build the sample: nothing to compare
+            results.append(SampleResult(index, "skip", f"samples fail: {_first_line(sample)}"))
+            break
+        torch.manual_seed(index)
+        try:
             results.append(run_sample(op, sample, index, compiler, dtype_name, has_float64))
-    except Exception as error:  # noqa: BLE001 - building samples failed (OpInfo itself)
-        results.append(SampleResult(len(results), "skip", f"samples fail: {_first_line(error)}"))
+        except Exception as error:  # noqa: BLE001 - the sweep's own failure (e.g. comparing): never a pass
+            results.append(SampleResult(index, "error", f"sweep: {type(error).__name__}: {_first_line(error)}"))
     torch._dynamo.reset()
     outcome = max((r.outcome for r in results), key=_SEVERITY.__getitem__, default="skip")
     return OpResult(name, outcome, results, time.perf_counter() - start)
@@ -418,6 +446,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--table", nargs="+", default=None, metavar="JSON",
                         help="print counts of several --json files side by side on the samples all of them ran")
+    parser.add_argument("--update", default=None, help="a --json file: run the --ops again and replace their "
+                        "results in it (after a fix), keeping the other ops")
     parser.add_argument("--resume", default=None, help="a --json file of an interrupted sweep: keep its ops "
                         "(samples beyond --max-samples dropped) and run only the others")
     return parser.parse_args(argv)
@@ -461,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(args.target, args.backend, args.dtype, args.max_samples)
     results, start = load_results(args.resume, args.max_samples) if args.resume else [], time.perf_counter()
     done = {r.name for r in results}
+    if args.update:
+        results = [r for r in load_results(args.update, args.max_samples) if r.name not in names]
+        done = set()
     try:
         for i, name in enumerate(names):
             if name in done:

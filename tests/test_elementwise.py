@@ -467,3 +467,23 @@ def test_lerp_through_prims_fma_is_fused_not_a_fallback(dtype):
     check_outputs(fn, a, b, w)
     check_outputs(fn, a, b, 0.1)
     assert "prims.fma.default" not in " ".join(fallbacks())
+
+
+# -- found by fuzzing (tests/test_fuzz.py) ------------------------------------------------------
+def test_float_to_int_to_float_gives_positive_zero():
+    # (float)(int)x for x in (-1, 0) is +0 in eager; GCC folded the round trip into truncf (-0),
+    # so atan2 gave -pi for pi and 1/x -inf for inf.
+    x = torch.tensor([-0.75, -0.25, 0.0, 0.25, -1.5, 2.5] * 3000, device=DEVICE)
+    out = check_outputs(lambda v: (torch.atan2(v.to(torch.int32).to(torch.float32), torch.tensor(-1.0, device=v.device)),
+                                   1 / v.to(torch.int32).to(torch.float32), 1 / v.to(torch.int64).to(torch.float16)), x)
+    assert (out[1][1] == INF).item()
+
+
+def test_erf_rounds_to_one_exactly_where_eager_does():
+    # Our float32 erf reached 1.0 below |x| = 3.8325069 and stayed below 1.0 above it: a floor or
+    # == downstream turned that into a whole unit.
+    x = torch.linspace(3.6, 4.2, 60001, device=DEVICE)
+    x = torch.cat([x, -x])
+    compiled = compile_strict(lambda v: (torch.floor(torch.erf(v) * 4), torch.erf(v) == 1))
+    for actual, expected in zip(compiled(x), (torch.floor(torch.erf(x) * 4), torch.erf(x) == 1)):
+        assert torch.equal(actual, expected)

@@ -1,7 +1,7 @@
 """A fixed subset of PyTorch's OpInfo database, compiled and compared with eager.
 
 The full sweep (every op of ``op_db``, slow) is ``python scripts/opinfo_sweep.py``; see
-docs/conformance.md. This module runs ~60 common ops (elementwise, reductions, views, indexing,
+docs/conformance.md. This module runs 78 common ops (elementwise, reductions, views, indexing,
 cat/pad, normalization) on their first few float32 samples, through the same code as the sweep,
 so CI catches a regression in a rule without the hour-long sweep.
 """

@@ -90,12 +90,14 @@ class ExpressionWriter(CseWriter):
             return self.assign(f"({inner} != 0)", expr.dtype, scope)
         if expr.dtype in (torch.float16, torch.bfloat16):
             # Through float32, as ATen converts (float64 -> float32 -> half; int -> float -> half).
-            as_f32 = inner if source == torch.float32 else f"static_cast<float>({inner})"
+            as_f32 = inner if source == torch.float32 else _int_to_float(inner, source, "float")
             fn = "tf_round_f16" if expr.dtype == torch.float16 else "tf_round_bf16"
             return self.assign(f"{fn}({as_f32})", expr.dtype, scope)
         target = compute_dtype(expr.dtype)
         if target == source:
             return self.value(expr.value, scope)
+        if target.is_floating_point:
+            return self.assign(_int_to_float(inner, source, value_type(target)), target, scope)
         return self.assign(f"static_cast<{value_type(target)}>({inner})", target, scope)
 
     def _emit_load(self, expr: Load, scope: Scope) -> Value:
@@ -175,3 +177,17 @@ def _special_pow(expr: Op, writer: ExpressionWriter, scope: Scope) -> Value | No
     if exponent == -2:
         return writer.assign(f"{one} / ({base} * {base})", dtype, scope)
     return None
+
+
+def _int_to_float(inner: str, source: torch.dtype, ctype: str) -> str:
+    """``inner`` (of dtype ``source``) converted to the float type ``ctype``.
+
+    From an integer, ``tf_plus_zero`` keeps a zero +0: GCC (with -fno-trapping-math) folds
+    ``(float)(int)x`` into ``truncf(x)``, which gives -0.0 for x in (-1, 0) where the round trip
+    through an integer gives +0.0 (atan2 and division then differ; found by fuzzing). GCC first
+    drops a plain ``+ 0`` (an integer converts to +0 only), so the helper selects instead.
+    """
+    text = f"static_cast<{ctype}>({inner})"
+    if source.is_floating_point or source == torch.bool:
+        return text
+    return f"tf_plus_zero({text})"

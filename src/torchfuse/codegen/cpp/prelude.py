@@ -96,6 +96,9 @@ template <class T> static inline T tf_shift_right(T a, T b) {
 }
 
 // -- floating point ------------------------------------------------------------------------
+// A converted integer is never -0, but GCC may fold (float)(int)x into truncf(x), which is -0
+// for x in (-1, 0); this select (kept: GCC honours signed zeros here) restores eager's +0.
+template <class T> static inline T tf_plus_zero(T v) { return v == T(0) ? T(0) : v; }
 // NaN wins (a's first). Written as three flat selects, not nested ones: GCC's if-conversion
 // gives up on the nested form in some loops (a ReLU feeding max-pooling's maxima stayed
 // scalar, 15x slower); the flat form vectorizes wherever the nested one did.
@@ -167,8 +170,12 @@ static inline float tf_erff(float x) {
     float q = TF_FMA(TF_FMA(TF_FMA(TF_FMA(TF_FMA(3.741961336345412e-05f, s, 0.0011842853855341673f), s,
                      0.015196976251900196f), s, 0.1153012067079544f), s, 0.5047537088394165f), s, 1.0f);
     float r = c * p / q;
-    r = r > 1.0f ? 1.0f : r;
-    return r < -1.0f ? -1.0f : r;
+    // erf(x) rounds to +-1 exactly from |x| >= 3.8325069 on (as ATen's erff) and never below;
+    // the fit alone reached 1.0 early and stayed under it late, which a floor or == downstream
+    // turns into a whole unit (found by fuzzing).
+    r = r > 0.99999994f ? 0.99999994f : r;
+    r = r < -0.99999994f ? -0.99999994f : r;
+    return c >= 3.8325069f ? 1.0f : (c <= -3.8325069f ? -1.0f : r);
 }
 
 // -- half precision: 16-bit patterns, computed in float32 -----------------------------------
