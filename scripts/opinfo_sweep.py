@@ -74,13 +74,15 @@ class OpResult:
 # Comparing results
 
 
-def compare(actual: Any, expected: Any, reference: Any, dtype_name: str) -> str | None:
+def compare(actual: Any, expected: Any, reference: Any, dtype_name: str,
+            tolerance: tuple[float, float] | None = None) -> str | None:
     """None when ``actual`` matches eager's ``expected``; else why not.
 
     NaN must appear exactly where eager has NaN; where eager is infinite the compiled value must
     be the same infinity; elsewhere the compiled value must be as close to the float64
     ``reference`` as eager is (twice eager's error), or within the dtype's tolerance of it, or
-    within torch.testing's default tolerance of eager.
+    within torch.testing's default tolerance of eager. ``tolerance`` (atol, rtol) replaces the
+    dtype's against the reference.
     """
     import torch
     from torch.utils._pytree import tree_flatten
@@ -93,13 +95,13 @@ def compare(actual: Any, expected: Any, reference: Any, dtype_name: str) -> str 
     if flat_r is None or spec_r != spec_e:
         flat_r = flat_e
     for i, (a, e, r) in enumerate(zip(flat_a, flat_e, flat_r)):
-        why = _compare_leaf(a, e, r, dtype_name)
+        why = _compare_leaf(a, e, r, dtype_name, tolerance)
         if why:
             return f"output {i}: {why}"
     return None
 
 
-def _compare_leaf(a: Any, e: Any, r: Any, dtype_name: str) -> str | None:
+def _compare_leaf(a: Any, e: Any, r: Any, dtype_name: str, tolerance: tuple[float, float] | None = None) -> str | None:
     import torch
 
     if not isinstance(e, torch.Tensor):
@@ -130,10 +132,10 @@ def _compare_leaf(a: Any, e: Any, r: Any, dtype_name: str) -> str | None:
             return "complex where eager is real (or the reverse)"
     if not e.is_floating_point():
         return None if torch.equal(a, e) else f"{_count(a != e)} of {e.numel()} elements differ (exact dtype)"
-    return _compare_floats(a, e, r, dtype_name)
+    return _compare_floats(a, e, r, tolerance or TOLERANCE.get(dtype_name, TOLERANCE["float32"]))
 
 
-def _compare_floats(a, e, r, dtype_name: str) -> str | None:
+def _compare_floats(a, e, r, tolerance: tuple[float, float]) -> str | None:
     import torch
 
     a, e, r = a.to(torch.float64), e.to(torch.float64), r.to(torch.float64)
@@ -148,7 +150,7 @@ def _compare_floats(a, e, r, dtype_name: str) -> str | None:
         return f"{_count(~torch.isfinite(a[finite]))} infinities where eager is finite"
     ref = torch.where(torch.isfinite(r), r, e)[finite]
     a, e = a[finite], e[finite]
-    atol, rtol = TOLERANCE.get(dtype_name, TOLERANCE["float32"])
+    atol, rtol = tolerance
     allowed = torch.maximum(2 * (e - ref).abs(), atol + rtol * ref.abs())
     near_eager = (a - e).abs() <= 1e-5 + 1.3e-6 * e.abs()
     bad = ((a - ref).abs() > allowed) & ~near_eager

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchfuse
-from conftest import DEVICE, assert_close, compile_strict, to_float64
+from conftest import DEVICE, TOLERANCE, assert_close, compile_strict, to_float64
 from scripts.opinfo_sweep import compare
 
 EXAMPLES = int(os.environ.get("TORCHFUSE_FUZZ_EXAMPLES", "25"))
@@ -33,7 +33,8 @@ UNARY = {
     "relu": torch.relu,
     "square": lambda x: x * x,
     "reciprocal": torch.reciprocal,  # inf at 0
-    "sin": torch.sin,
+    # Bounded: sin of exp(20) ~ 5e8 (ulp 32) is noise that no two implementations agree on.
+    "sin": lambda x: torch.sin(x.clamp(-100, 100)),
     "erf": torch.erf,
     "floor": lambda x: torch.floor(x * 4),
     "sign": torch.sign,
@@ -230,8 +231,11 @@ def check_program(steps: list[Step], x: torch.Tensor, y: torch.Tensor) -> None:
     actual = compile_strict(lambda a, b: run_program(steps, a, b))(x, y)
     half = _has_half(steps)
     assert_close(actual, expected, dtype=torch.float16 if half else None, reference=reference.to(expected.dtype))
-    # Element by element too: the check above scales its tolerance by the largest value.
-    why = compare(actual, expected, reference, "float16" if half else "float32")
+    # Element by element too: the check above scales its tolerance by the largest value. The
+    # absolute tolerance is assert_close's: a chain like sin(x * x.sum(0)) amplifies a one-ulp
+    # difference of a differently ordered sum to ~3e-5 (a legitimate difference, not a bug).
+    tol = TOLERANCE[torch.float16 if half else torch.float32]
+    why = compare(actual, expected, reference, "float16" if half else "float32", tolerance=(tol, tol))
     assert why is None, why
 
 
