@@ -29,7 +29,7 @@ def test_ddp_gradients_match_eager(tmp_path):
     world = 2
     outputs = [tmp_path / f"rank{r}.pt" for r in range(world)]
     procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(outputs[r])], env=env,
+        subprocess.Popen([sys.executable, "-u", str(WORKER), str(r), str(world), str(outputs[r])], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)
     ]

@@ -3,6 +3,7 @@ eagerly, under DistributedDataParallel (gloo, CPU); write both gradients to a fi
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import sys
 
@@ -31,6 +32,8 @@ def train_step(model: torch.nn.Module, rank: int) -> list[torch.Tensor]:
 
 def main() -> None:
     rank, world, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    # If this rank hangs, print every thread's stack before the test gives up on it.
+    faulthandler.dump_traceback_later(150, exit=True)
     # A file rendezvous and a short timeout: a broken network set-up fails in a minute with a
     # message instead of hanging the test run.
     dist.init_process_group("gloo", init_method=os.environ.get("TORCHFUSE_DDP_INIT", "env://"),
@@ -43,7 +46,12 @@ def main() -> None:
     grads_compiled = train_step(compiled, rank)
     generated = sum(len(g.generated_kernels) for g in torchfuse.report().graphs)
     torch.save({"eager": grads_eager, "compiled": grads_compiled, "kernels": generated}, out)
-    dist.destroy_process_group()
+    # Tearing down DDP's reducers and the gloo group at interpreter exit sometimes hangs
+    # (seen about one run in ten, after the results were written): wait for the other rank,
+    # then leave without running any destructor.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
