@@ -64,13 +64,7 @@ class PyFloorDiv(sympy.Function):
 
     @classmethod
     def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
-        if divisor == 1:
-            return base
-        if base.is_Integer and divisor.is_Integer and int(divisor) != 0:
-            return sympy.Integer(int(base) // int(divisor))
-        if _nonnegative(base):
-            return FloorDiv(base, divisor)
-        return None
+        return _python_eval(base, divisor, lambda a, b: a // b, FloorDiv)
 
 
 class PyMod(sympy.Function):
@@ -81,13 +75,16 @@ class PyMod(sympy.Function):
 
     @classmethod
     def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
-        if divisor == 1:
-            return sympy.Integer(0)
-        if base.is_Integer and divisor.is_Integer and int(divisor) != 0:
-            return sympy.Integer(int(base) % int(divisor))
-        if _nonnegative(base):
-            return ModIndex(base, divisor)
-        return None
+        return _python_eval(base, divisor, lambda a, b: a % b, ModIndex)
+
+
+def _python_eval(base: sympy.Expr, divisor: sympy.Expr, compute, nonnegative_form) -> sympy.Expr | None:
+    """Fold constants; on a provably non-negative base, the fast non-negative function."""
+    if base.is_Integer and divisor.is_Integer and int(divisor) != 0:
+        return sympy.Integer(compute(int(base), int(divisor)))
+    if divisor == 1 or _nonnegative(base):
+        return nonnegative_form(base, divisor)  # FloorDiv/ModIndex fold divisor 1 themselves
+    return None
 
 
 def _nonnegative(expr: sympy.Expr) -> bool:

@@ -31,15 +31,16 @@ def store_mutations_in_place(items: list[ScheduledItem], graph: Graph) -> dict[s
     """
     in_place: dict[str, str] = {}
     inputs = {b.name: b for b in graph.inputs}
+    reads = {id(item): _reads(item) for item in items}  # once: an optimizer step has many copies
     for item in list(items):
-        source = _in_place_source(item, items, graph, inputs, in_place)
+        source = _in_place_source(item, items, reads, graph, inputs, in_place)
         if source is not None:
             in_place[source] = item.node.args[0].buffer
             items.remove(item)
     return in_place
 
 
-def _in_place_source(item: ScheduledItem, items: list[ScheduledItem], graph: Graph,
+def _in_place_source(item: ScheduledItem, items: list[ScheduledItem], reads: dict[int, set[str]], graph: Graph,
                      inputs: dict[str, Buffer], taken: dict[str, str]) -> str | None:
     """The buffer whose kernel can write ``item``'s copy in place, or None."""
     if not isinstance(item, ExternKernel) or item.node.target is not aten.copy_.default:
@@ -52,16 +53,18 @@ def _in_place_source(item: ScheduledItem, items: list[ScheduledItem], graph: Gra
         return None
     if not (_whole(dst, target) and _whole(src, source) and _same_layout(source, target)):
         return None
-    used = graph.output_names() | {name for other in items if other is not item for name in _reads(other)}
-    if source.name in graph.output_names() or target.name in graph.output_names():
+    outputs = graph.output_names()
+    if source.name in outputs or target.name in outputs:
         return None
-    if any(out.name in used for out in item.node.outputs):  # the copy's result is read
-        return None
+    others = [other for other in items if other is not item]
+    if any(out.name in outputs or any(out.name in reads[id(other)] for other in others)
+           for out in item.node.outputs):
+        return None  # the copy's result is read
     kernel, member = _writer(items, source.name)
     if kernel is None or kernel.kind != "pointwise":
         return None
     later = items[items.index(kernel) + 1:]
-    if any(target.name in _reads(other) for other in later if other is not item):
+    if any(target.name in reads[id(other)] for other in later if other is not item):
         return None
     return source.name if _reads_only_element(kernel, member, target.name) else None
 
