@@ -484,6 +484,17 @@ def test_erf_rounds_to_one_exactly_where_eager_does():
     # == downstream turned that into a whole unit.
     x = torch.linspace(3.6, 4.2, 60001, device=DEVICE)
     x = torch.cat([x, -x])
-    compiled = compile_strict(lambda v: (torch.floor(torch.erf(v) * 4), torch.erf(v) == 1))
-    for actual, expected in zip(compiled(x), (torch.floor(torch.erf(x) * 4), torch.erf(x) == 1)):
-        assert torch.equal(actual, expected)
+    compiled = compile_strict(lambda v: (torch.floor(torch.erf(v) * 4), torch.erf(v) == 1, torch.erf(v)))
+    floor4, is_one, erf = compiled(x)
+    if DEVICE == "cpu":
+        assert torch.equal(floor4, torch.floor(torch.erf(x) * 4)) and torch.equal(is_one, torch.erf(x) == 1)
+        return
+    # On a GPU, eager's erff and libdevice's (what Triton calls) disagree on where erf reaches 1
+    # (|x| = 3.91410 and 3.91949; correctly rounded: 3.91921), so eager is no exact oracle there.
+    # What the bug broke still holds: within 2 ulp of float64, never past 1, monotone.
+    reference = torch.erf(x.double())
+    ulp = torch.finfo(torch.float32).eps / 2  # values in [0.5, 1)
+    assert ((erf.double() - reference).abs() <= 2 * ulp).all()
+    positive = erf[: x.numel() // 2]
+    assert (positive <= 1).all() and (positive.diff() >= 0).all()
+    assert torch.equal(floor4, torch.floor(erf * 4)) and torch.equal(is_one, erf == 1)

@@ -73,7 +73,9 @@ def test_compiled_foreach_optimizer_steps_match_eager(optimizer):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
     for state_p, state_q in zip(eager.state.values(), compiled_opt.state.values()):
         for key, value in state_p.items():
-            torch.testing.assert_close(state_q[key], value, rtol=1e-5, atol=1e-6)
+            # Dynamo makes a compiled optimizer capturable when its parameters are on a GPU, so
+            # AdamW's step counter lives there rather than on the CPU: compare values only.
+            torch.testing.assert_close(state_q[key], value, rtol=1e-5, atol=1e-6, check_device=False)
     kernels = sum(len(g.generated_kernels) for g in torchfuse.report().graphs)
     assert 0 < kernels <= 2 * len(params) + 2  # a few fused kernels, not one per foreach op
     # Parameters and state are written in place by those kernels: no trailing ATen copies.

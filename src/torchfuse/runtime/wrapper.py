@@ -222,10 +222,21 @@ def ensure_layout(tensor: torch.Tensor, shape: tuple, strides: tuple) -> torch.T
     """Kernels index extern outputs with the strides tracing predicted; enforce them."""
     if tensor is None:  # optional outputs (attention's debug tensors) may be absent
         return None
-    if tuple(tensor.shape) == shape and (tensor.stride() == strides or tensor.numel() <= 1):
+    if tuple(tensor.shape) == shape and _same_addresses(tensor, strides):
         return tensor
     out = torch.empty_strided(shape, strides, dtype=tensor.dtype, device=tensor.device)
     return out.copy_(tensor.reshape(shape))
+
+
+def _same_addresses(tensor: torch.Tensor, strides: tuple) -> bool:
+    """Whether ``strides`` put every element of ``tensor`` where its own strides do.
+
+    A size-1 dimension's stride is never multiplied by anything but 0, so it may differ (cuDNN's
+    attention returns such strides where the meta function predicts others: a copy per call).
+    """
+    if tensor.numel() <= 1:
+        return True
+    return all(size == 1 or have == want for size, have, want in zip(tensor.shape, tensor.stride(), strides))
 
 
 def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel | CppKernel],
