@@ -172,6 +172,19 @@ def test_pointwise_kernel_writes_over_a_dead_matmul_result():
     del compiled
 
 
+def test_dead_matmul_result_is_overwritten_through_a_reshape():
+    """A linear layer on [B, T, H] is a [B*T, H] matmul: the GELU after it (shaped [B, T, H])
+    still writes over the matmul's dense result, seen through a view of the GELU's shape."""
+    x, w = floats((3, 7, 40), specials=()), floats((40, 72), specials=(), seed=1)
+
+    def fn(x, w):
+        return F.gelu(x @ w) @ w.t()
+
+    check(fn, x, w)
+    source = torchfuse.report().graphs[0].wrapper_source
+    assert ".view((3, 7, 72))  # overwrites the dead buffer" in source, source
+
+
 def test_pointwise_loops_merge_only_where_contiguous():
     x = floats((64, 130), specials=())
     check(lambda x: x * 2 + 1, x)

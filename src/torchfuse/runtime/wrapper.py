@@ -125,7 +125,10 @@ class WrapperWriter:
                 reused = None if member.node.name in self.plan.in_place else \
                     self._in_place_source(compiled, member.node.name, step, last_use)
                 if reused:  # the old name is dropped after the kernel, never pooled for reuse
-                    self.emit(f"{member.node.name} = {reused}  # overwrites the dead buffer {reused}")
+                    target = self.graph.buffers[member.node.name]
+                    same_shape = tuple(target.shape) == tuple(self.graph.buffers[reused].shape)
+                    view = "" if same_shape else f".view({_tuple(target.shape)})"
+                    self.emit(f"{member.node.name} = {reused}{view}  # overwrites the dead buffer {reused}")
                     self.allocated_here.discard(reused)
                     self.live.add(member.node.name)
                     self.allocated_here.add(member.node.name)
