@@ -256,6 +256,42 @@ def test_conv_batchnorm_relu_pool_block(training):
     assert all(g.target == "cpp" and not g.error for g in torchfuse.report().graphs)
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_inference_convolutions_run_channels_last(training, monkeypatch):
+    """Inference graphs give oneDNN channels-last operands (the pooling kernel before the second
+    convolution writes that layout directly) and expect channels-last results, which ATen
+    returns: no layout-fixing copy at run time. Training graphs keep their layouts."""
+    from torchfuse.runtime import wrapper
+
+    copies = []
+    real_ensure_layout = wrapper.ensure_layout
+
+    def counting_ensure_layout(tensor, shape, strides):
+        out = real_ensure_layout(tensor, shape, strides)
+        copies.extend([shape] if out is not tensor else [])
+        return out
+
+    monkeypatch.setattr(wrapper, "ensure_layout", counting_ensure_layout)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                                torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 5, 3, padding=1))
+    model.train(training)
+    x = floats((2, 3, 10, 13), specials=())
+    reference, compiled = copy.deepcopy(model).double(), compile_cpp(copy.deepcopy(model))
+    with torch.set_grad_enabled(training):
+        got, want, ref = compiled(x), model(x), reference(x.double())
+    assert compare(got.detach(), want.detach(), ref.detach(), scale_tol=True) == []
+    assert copies == []
+    source = torchfuse.report().graphs[0].wrapper_source
+    # The first convolution's result, (2, 8, 10, 13): channels-last strides in eval only.
+    assert ("(2, 8, 10, 13), (1040, 1, 104, 8))" in source) == (not training), source
+    if training:  # the forward graph keeps its layouts, so the backward graph reads them right
+        got.sum().backward()
+        want.sum().backward()
+        for ours, theirs in zip(compiled.parameters(), model.parameters()):
+            torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_cross_entropy_forward_does_not_store_the_log_softmax():
     """The gathered log-softmax is recomputed at the gathered index, x[i, t[i]] - max[i] -
     log(sum[i]) (scheduler: gathered reads of a producer that uses the gathered variable
@@ -503,6 +539,10 @@ def test_inner_loops_are_vectorized(tmp_path):
     # Max pooling after a scale-shift and ReLU (a conv's eval BatchNorm epilogue): stride-2 loads.
     compile_cpp(lambda y, s: F.max_pool2d(F.relu(y * s[:, None, None] + 1), 2))(floats((2, 8, 32, 32), specials=()),
                                                                                  floats((8,), seed=2))
+    # A pooling kernel writing a channels-last convolution input: walked channels innermost.
+    # (The input is channels-last already: converting a graph input is a transpose, not vectorized.)
+    y = floats((2, 16, 34, 34), specials=()).contiguous(memory_format=torch.channels_last)
+    compile_cpp(lambda y, w: F.conv2d(F.max_pool2d(F.relu(F.conv2d(y, w)), 2), w))(y, floats((16, 16, 1, 1), seed=3))
     assert {"rows", "tiled"} <= set(strategies())
     # Kernel names restart in every graph: prefix them with the graph's name in one file.
     kernels = "".join(k.source.replace(f" {k.name}(", f" {g.name}_{k.name}(")

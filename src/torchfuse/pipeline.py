@@ -149,10 +149,13 @@ def stage_aten(state: CompileState) -> None:
 
 def stage_lower(state: CompileState) -> None:
     from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users
+    from torchfuse.lowering.conv_layout import convolutions_channels_last
     from torchfuse.lowering.driver import lower
 
     if state.target == "cpp":  # measured on CPUs only so far (see docs/decisions.md)
         split_bias_into_pointwise_users(state.gm)
+        if state.report.kind == "inference":  # a forward graph's saved tensors keep their layouts
+            convolutions_channels_last(state.gm)
     state.graph = lower(state.gm, state.report.name)
     state.report.fallbacks = list(state.graph.fallbacks)
     state.report.ir_text = format_graph(state.graph)

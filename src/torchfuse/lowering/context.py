@@ -29,13 +29,20 @@ class LoweringContext:
     def add_buffer(self, buffer: Buffer) -> None:
         self.graph.buffers[buffer.name] = buffer
 
-    def pointwise(self, shape: Shape, dtype: torch.dtype, device: torch.device, body_fn: BodyFn) -> TensorValue:
-        """Add a node computing ``body_fn(i0, i1, ...)`` at every point of ``shape``."""
+    def pointwise(self, shape: Shape, dtype: torch.dtype, device: torch.device, body_fn: BodyFn,
+                  strides: Shape | None = None) -> TensorValue:
+        """Add a node computing ``body_fn(i0, i1, ...)`` at every point of ``shape``.
+
+        Its buffer is contiguous unless ``strides`` (a dense layout) says otherwise.
+        """
         shape = tuple(sympy.sympify(s) for s in shape)
         name = self.new_name()
         body = body_fn(index_vars(len(shape)))
         self.graph.nodes.append(Pointwise(name, shape, dtype, device, body, self.current_origin))
-        self.add_buffer(Buffer.contiguous(name, shape, dtype, device))
+        if strides is None:
+            self.add_buffer(Buffer.contiguous(name, shape, dtype, device))
+        else:
+            self.add_buffer(Buffer(name, shape, dtype, device, tuple(sympy.sympify(s) for s in strides)))
         return TensorValue.of_buffer(name, shape, dtype, device)
 
     def reduction(

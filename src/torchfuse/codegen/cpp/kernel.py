@@ -75,8 +75,9 @@ class CppKernelRenderer:
         self.written: set[str] = set()
         self.registers: dict[str, Value] = {}
         self.writer = ExpressionWriter(buffers, self.pointer, self._resolve_load)
+        stores = [self.store_offset(m, {}) for m in kernel.members if m.stored] if kernel.kind == "pointwise" else []
         self.plan: LoopPlan = plan_loops(kernel.x_vars, kernel.x_ranges, kernel.r_vars, kernel.r_ranges,
-                                         self._index_exprs())
+                                         self._index_exprs(), stores)
         self.xnumel = product(kernel.x_ranges)
         self.rnumel = product(kernel.r_ranges)
 

@@ -240,7 +240,19 @@ def copy(ctx: LoweringContext, node: torch.fx.Node, x: Any, *args: Any, **kwargs
     meta = out_meta(node)
     if getattr(x, "device", meta.device) != meta.device:
         return NotImplemented
+    if node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        # clone(memory_format=channels_last): the layout is the point (a convolution's input).
+        return _copy_in_layout(ctx, x, node)
     return pointwise_op(ctx, node, (x,), meta.dtype, lambda args: args[0])
+
+
+def _copy_in_layout(ctx: LoweringContext, x: Any, node: torch.fx.Node) -> Any:
+    from torchfuse.frontend.symbolic import strides_of
+
+    meta = node.meta["val"]
+    shape = output_shape(node)
+    return ctx.pointwise(shape, meta.dtype, meta.device,
+                         lambda index: cast(operand(x, index, shape, meta.dtype), meta.dtype), strides_of(meta))
 
 
 @register_lowering(aten.sigmoid_backward)
