@@ -234,8 +234,8 @@ def ensure_layout(tensor: torch.Tensor, shape: tuple, strides: tuple) -> torch.T
 def _same_addresses(tensor: torch.Tensor, strides: tuple) -> bool:
     """Whether ``strides`` put every element of ``tensor`` where its own strides do.
 
-    A size-1 dimension's stride is never multiplied by anything but 0, so it may differ (cuDNN's
-    attention returns such strides where the meta function predicts others: a copy per call).
+    A size-1 dimension's stride is never multiplied by anything but 0, so it may differ: ATen
+    and the meta functions often disagree there, which cost a copy per call.
     """
     if tensor.numel() <= 1:
         return True

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from torchfuse.frontend.symbolic import strides_of
 from torchfuse.ir.expr import Const, Expr, Op, Where
 from torchfuse.lowering.context import LoweringContext
 from torchfuse.lowering.registry import register_lowering
@@ -57,13 +58,14 @@ LOGICAL = {
 
 
 def pointwise_op(ctx: LoweringContext, node: torch.fx.Node, inputs: tuple, compute: torch.dtype | None,
-                 build: Callable[[list[Expr]], Expr], round_scalars: bool = True) -> Any:
+                 build: Callable[[list[Expr]], Expr], round_scalars: bool = True, strides: tuple | None = None) -> Any:
     """Add a node whose body is ``build(operands)`` with operands cast to ``compute``.
 
     ``compute=None`` leaves each tensor operand in its own dtype (scalars take the output's).
     Operands reach ``build`` in ``opmath`` of that dtype (float32 for float16/bfloat16).
     Python scalars are converted to the promoted dtype first, as eager's TensorIterator
-    does, unless ``round_scalars`` is False (see ``OPMATH_SCALARS``).
+    does, unless ``round_scalars`` is False (see ``OPMATH_SCALARS``). ``strides`` lays the
+    result out other than contiguously.
     """
     meta = out_meta(node)
     shape = output_shape(node)
@@ -78,7 +80,7 @@ def pointwise_op(ctx: LoweringContext, node: torch.fx.Node, inputs: tuple, compu
                 operands.append(operand(x, index, shape, opmath(promoted)))
         return cast(build(operands), meta.dtype)
 
-    return ctx.pointwise(shape, meta.dtype, meta.device, body)
+    return ctx.pointwise(shape, meta.dtype, meta.device, body, strides)
 
 
 def _named(name: str, dtype_of: Callable[[Expr], torch.dtype] = lambda a: a.dtype) -> Callable[[list[Expr]], Expr]:
@@ -240,19 +242,10 @@ def copy(ctx: LoweringContext, node: torch.fx.Node, x: Any, *args: Any, **kwargs
     meta = out_meta(node)
     if getattr(x, "device", meta.device) != meta.device:
         return NotImplemented
-    if node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
-        # clone(memory_format=channels_last): the layout is the point (a convolution's input).
-        return _copy_in_layout(ctx, x, node)
-    return pointwise_op(ctx, node, (x,), meta.dtype, lambda args: args[0])
-
-
-def _copy_in_layout(ctx: LoweringContext, x: Any, node: torch.fx.Node) -> Any:
-    from torchfuse.frontend.symbolic import strides_of
-
-    meta = node.meta["val"]
-    shape = output_shape(node)
-    return ctx.pointwise(shape, meta.dtype, meta.device,
-                         lambda index: cast(operand(x, index, shape, meta.dtype), meta.dtype), strides_of(meta))
+    # clone(memory_format=channels_last): the layout is the point (a convolution's input).
+    explicit = node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format)
+    return pointwise_op(ctx, node, (x,), meta.dtype, lambda args: args[0],
+                        strides=strides_of(node.meta["val"]) if explicit else None)
 
 
 @register_lowering(aten.sigmoid_backward)
