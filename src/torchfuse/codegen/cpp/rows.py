@@ -4,7 +4,7 @@ each row split across threads (``split``, a full reduction such as ``loss.mean()
 Inside a row, each group of independent reductions is one SIMD loop over the reduced dims
 (chunked for float32 sums, see ``reductions.py``); then the row's pointwise members are
 stored, then one loop stores the members over rows x reduced dims. A second pass over a
-row re-reads it from cache.
+row re-reads it from cache, and prefetches the next row meanwhile (``prefetch.py``).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from torchfuse.codegen.cpp import reductions as red
 from torchfuse.codegen.cpp.expressions import Scope
+from torchfuse.codegen.cpp.prefetch import NextRowPrefetch
 from torchfuse.codegen.cpp.printer import compute_dtype
 from torchfuse.codegen.cpp.strategies import close_all, statically_at_most
 from torchfuse.ir.expr import Expr, Op, loads, walk
@@ -39,12 +40,18 @@ def render_rows(renderer, top: Scope, split: bool) -> None:
     full = [m for m in members if m.role == "full" and m.stored]
     groups = loop_groups(renderer, [m for m in members if m.role == "reduction"])
     reuse = {} if split or not groups else reused_values(renderer, groups[-1], full)
+    later_passes = len(groups) - 1 + (1 if full else 0)
+    prefetch = None if split or not groups else NextRowPrefetch(renderer, groups[0], later_passes)
     for k, group in enumerate(groups):
+        if k and prefetch:
+            prefetch.emit(row, k - 1)
         reduce_group(renderer, group, row, split, reuse if k == len(groups) - 1 else {})
     for member in members:
         if member.role == "row" and member.stored:
             renderer.store_member(member, row)
     if full:
+        if prefetch:
+            prefetch.emit(row, later_passes - 1)
         _store_full(renderer, full, row, split, reuse)
     close_all(row, top)
 
