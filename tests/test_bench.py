@@ -21,10 +21,14 @@ def test_bench_writes_every_result_file_with_sound_numbers(tmp_path):
         assert all(ms > 0 for ms in result["ms"].values())
         assert result["rel_err"]["torchfuse"] <= result["error_bound"]
         assert result["cold_s"]["torchfuse"] > 0 and result["warm_s"]["torchfuse"] > 0  # second process ran
+        # One warm process per backend, plus Dynamo alone (the floor under every warm time).
+        assert set(result["warm_s"]) == {"inductor", "torchfuse", "dynamo"}
+        assert 0 < result["warm_s"]["dynamo"] < result["cold_s"]["inductor"]
         assert result["bytes_moved"] > 0  # memory-bound: bandwidth is reported
     assert payload["copy_gbs"] > 0
     markdown = (tmp_path / "results.md").read_text()
     assert "| bias_gelu | micro |" in markdown and "geometric-mean speedup" in markdown
+    assert "warm s ind/tf/dyn" in markdown
     assert (tmp_path / "results.png").stat().st_size > 0
 
 

@@ -1,13 +1,18 @@
-"""Compile times: cold (this process, empty disk caches) and warm (a second process, disk caches full).
+"""Compile times: cold (this process, empty disk caches) and warm (a later process, disk caches full).
 
 Both are the wall time of a backend's first call: Dynamo, AOTAutograd, the backend's lowering and
 code generation, its compiler (Triton, g++), loading, and the call itself. Before either is
 measured every backend compiles a tiny unrelated function, so imports and device start-up are not
-charged to the first case.
+charged to the first case, and each case runs once eagerly, so the model's own first-call costs
+(e.g. oneDNN's set-up) are not charged to a backend.
 
-The warm run is this module as a script, in a fresh interpreter with the same cache directories:
+Warm runs are this module as a script, one fresh interpreter per backend with the same cache
+directories, so that no backend's first call profits from Dynamo work another one did:
 
-    python -m torchfuse.bench.compile_time --device cuda --backends inductor,torchfuse --cases a,b
+    python -m torchfuse.bench.compile_time --device cuda --backends torchfuse --cases a,b
+
+"dynamo" is a pseudo-backend: ``torch.compile(fn, backend="eager")``, Dynamo's capture alone, the
+floor under every backend's warm time.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ import time
 from typing import Any, Callable
 
 import torch
+
+from torchfuse.bench.measure import sync
 
 CACHE_VARIABLES = ("TORCHFUSE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
@@ -42,22 +49,25 @@ def compiler_for(backend: str) -> Callable[[Callable[..., Any]], Callable[..., A
         import torchfuse
 
         return lambda fn: torchfuse.compile(fn)
-    raise ValueError(f"unknown backend {backend!r}; choose from eager, inductor, torchfuse")
+    if backend == "dynamo":
+        return lambda fn: torch.compile(fn, backend="eager")
+    raise ValueError(f"unknown backend {backend!r}; choose from eager, inductor, torchfuse, dynamo")
 
 
 def warm_up_compilers(backends: list[str], device: torch.device) -> None:
-    """Compile and run a tiny function with each backend: imports and device start-up, paid once."""
+    """Compile and run a tiny function with each backend, forward and backward: imports, device
+    start-up and AOTAutograd's first training graph are paid once, not by the first case."""
     x = torch.randn(8, 8, device=device)
+    w = torch.randn(8, device=device, requires_grad=True)
     for backend in backends:
         if backend != "eager":
             compiler_for(backend)(lambda t: (t.sin() + 1).sum(-1))(x)
+            compiler_for(backend)(lambda t, v: (t * v).tanh().sum())(x, w).backward()
     torch._dynamo.reset()
 
 
 def timed_first_call(make: Callable[[], Callable[[], Any]], device: torch.device) -> tuple[Callable[[], Any], Any, float]:
     """(step, first output, seconds): ``make`` builds the compiled step, which then runs once."""
-    from torchfuse.bench.measure import sync
-
     sync(device)
     start = time.perf_counter()
     step = make()
@@ -67,18 +77,24 @@ def timed_first_call(make: Callable[[], Callable[[], Any]], device: torch.device
 
 
 def measure_warm(case_names: list[str], backends: list[str], device: torch.device, quick: bool) -> dict[str, dict[str, float]]:
-    """Warm compile seconds per case and backend, from a second process; {} on failure (it says why)."""
+    """Warm compile seconds per case and backend (plus "dynamo", the floor), each backend in its
+    own process; a backend whose process fails is left out (it says why)."""
     compiled = [b for b in backends if b != "eager"]
     if not compiled or not case_names:
         return {}
-    cmd = [sys.executable, "-m", "torchfuse.bench.compile_time", "--device", device.type,
-           "--backends", ",".join(compiled), "--cases", ",".join(case_names)] + (["--quick"] if quick else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        print(f"warm-compile process failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}", file=sys.stderr)
-        return {}
-    return json.loads(lines[-1])
+    seconds: dict[str, dict[str, float]] = {}
+    for backend in [*compiled, "dynamo"]:
+        cmd = [sys.executable, "-m", "torchfuse.bench.compile_time", "--device", device.type,
+               "--backends", backend, "--cases", ",".join(case_names)] + (["--quick"] if quick else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            print(f"warm-compile process for {backend} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}",
+                  file=sys.stderr)
+            continue
+        for case, by_backend in json.loads(lines[-1]).items():
+            seconds.setdefault(case, {}).update(by_backend)
+    return seconds
 
 
 def _child_env() -> dict[str, str]:
@@ -104,6 +120,8 @@ def _warm_main(argv: list[str] | None = None) -> int:
     seconds: dict[str, dict[str, float]] = {}
     for case in select("all", device, set(args.cases.split(","))):
         workload = case.build(device, args.quick)
+        workload.make_step(compiler_for("eager"))()  # the model's own first-call costs
+        sync(device)
         for backend in backends:
             _, out, took = timed_first_call(lambda: workload.make_step(compiler_for(backend)), device)
             seconds.setdefault(case.name, {})[backend] = took

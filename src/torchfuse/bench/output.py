@@ -60,7 +60,7 @@ def _fmt(value: float | int | None, spec: str, suffix: str = "") -> str:
 def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[list[str]]]:
     """The table's header and rows, shared by the terminal and Markdown renderings."""
     header = ["case", "suite", "eager ms", "inductor ms", "torchfuse ms", "inductor x", "torchfuse x",
-              "cold s ind/tf", "warm s ind/tf", "peak MB e/i/t", "kernels e/i/t", "BW % copy i/t",
+              "cold s ind/tf", "warm s ind/tf/dyn", "peak MB e/i/t", "kernels e/i/t", "BW % copy i/t",
               "tf error", "ok"]
     table = []
     for r in results:
@@ -71,8 +71,8 @@ def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[li
         table.append([
             r.case, r.suite, *ms,
             *(_fmt(r.speedup(b), ".2f", "x") for b in COMPILED),
-            "/".join(_fmt(r.cold_s.get(b), ".1f") for b in COMPILED),
-            "/".join(_fmt(r.warm_s.get(b), ".1f") for b in COMPILED),
+            "/".join(_fmt(r.cold_s.get(b), ".2f") for b in COMPILED),
+            "/".join(_fmt(r.warm_s.get(b), ".2f") for b in (*COMPILED, "dynamo")),
             "/".join(_fmt(r.peak_mb.get(b), ".0f") for b in ("eager", *COMPILED)),
             "/".join(_fmt(r.kernels.get(b), "d") for b in ("eager", *COMPILED)),
             "/".join(_fmt(100 * r.bandwidth_fraction(b, copy_gbs), ".0f") for b in COMPILED),
@@ -104,7 +104,8 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
     lines += ["", *summary_lines(results, copy_gbs), "", "Cases:"]
     lines += [f"- {case}: {note}" for case, note in notes.items()]
     lines += ["", "x: speedup over eager. cold: first call with empty disk caches (Dynamo, AOTAutograd, the "
-                  "backend, its compiler); warm: the same in a second process with the disk caches filled. "
+                  "backend, its compiler); warm: the same in a later process per backend with the disk caches "
+                  "filled; dyn: Dynamo's capture alone (backend=\"eager\"), the floor under any warm time. "
                   "peak MB: memory a call allocates beyond what was live before it. BW % copy: "
                   "(inputs + outputs bytes) / time, against a device-to-device copy. err: relative "
                   "Frobenius error of torchfuse's outputs against float64 (or eager where noted)."]
