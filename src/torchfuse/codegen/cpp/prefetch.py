@@ -35,7 +35,7 @@ CACHE_LINE = 64
 class _Stream:
     """One input read contiguously along the row: where its next row starts."""
 
-    pointer: str
+    buffer: str
     next_row: sympy.Expr  # element offset of the next row's first element
     itemsize: int
 
@@ -73,7 +73,7 @@ class NextRowPrefetch:
                 key = (node.buffer, start)
                 if key not in found:
                     itemsize = renderer.buffers[node.buffer].dtype.itemsize
-                    found[key] = _Stream(renderer.pointer(node.buffer), start, itemsize)
+                    found[key] = _Stream(node.buffer, start, itemsize)
         return list(found.values())
 
     def _where(self) -> tuple[int | None, str]:
@@ -102,4 +102,4 @@ class NextRowPrefetch:
                 hi = f"({text}) * {share + 1} / {self.passes}"
             start = renderer.writer.index_text(stream.next_row)
             scope.emit(f"if ({x} + 1 < {size}{self.guard}) for (int64_t pf = {lo}; pf < {hi}; pf += {step}) "
-                       f"__builtin_prefetch({stream.pointer} + {start} + pf, 0, {self.locality});")
+                       f"__builtin_prefetch({renderer.pointer(stream.buffer)} + {start} + pf, 0, {self.locality});")
