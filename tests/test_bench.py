@@ -24,11 +24,16 @@ def test_bench_writes_every_result_file_with_sound_numbers(tmp_path):
         # One warm process per backend, plus Dynamo alone (the floor under every warm time).
         assert set(result["warm_s"]) == {"inductor", "torchfuse", "dynamo"}
         assert 0 < result["warm_s"]["dynamo"] < result["cold_s"]["inductor"]
+        # The part inside each backend, cold and warm: a share of the whole first call.
+        for backend in ("inductor", "torchfuse"):
+            assert 0 < result["backend_cold_s"][backend] < result["cold_s"][backend]
+            assert 0 < result["backend_warm_s"][backend] < result["warm_s"][backend]
+        assert set(result["backend_warm_s"]) == {"inductor", "torchfuse"}  # Dynamo alone has no backend
         assert result["bytes_moved"] > 0  # memory-bound: bandwidth is reported
     assert payload["copy_gbs"] > 0
     markdown = (tmp_path / "results.md").read_text()
     assert "| bias_gelu | micro |" in markdown and "geometric-mean speedup" in markdown
-    assert "warm s ind/tf/dyn" in markdown
+    assert "warm s ind/tf/dyn" in markdown and "in backend warm s ind/tf" in markdown
     assert (tmp_path / "results.png").stat().st_size > 0
 
 

@@ -60,8 +60,7 @@ def _fmt(value: float | int | None, spec: str, suffix: str = "") -> str:
 def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[list[str]]]:
     """The table's header and rows, shared by the terminal and Markdown renderings."""
     header = ["case", "suite", "eager ms", "inductor ms", "torchfuse ms", "inductor x", "torchfuse x",
-              "cold s ind/tf", "warm s ind/tf/dyn", "peak MB e/i/t", "kernels e/i/t", "BW % copy i/t",
-              "tf error", "ok"]
+              "peak MB e/i/t", "kernels e/i/t", "BW % copy i/t", "tf error", "ok"]
     table = []
     for r in results:
         if r.skipped:
@@ -71,8 +70,6 @@ def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[li
         table.append([
             r.case, r.suite, *ms,
             *(_fmt(r.speedup(b), ".2f", "x") for b in COMPILED),
-            "/".join(_fmt(r.cold_s.get(b), ".2f") for b in COMPILED),
-            "/".join(_fmt(r.warm_s.get(b), ".2f") for b in (*COMPILED, "dynamo")),
             "/".join(_fmt(r.peak_mb.get(b), ".0f") for b in ("eager", *COMPILED)),
             "/".join(_fmt(r.kernels.get(b), "d") for b in ("eager", *COMPILED)),
             "/".join(_fmt(100 * r.bandwidth_fraction(b, copy_gbs), ".0f") for b in COMPILED),
@@ -80,6 +77,31 @@ def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[li
             "ok" if r.accurate("torchfuse") else ("-" if "torchfuse" not in r.rel_err else "BAD"),
         ])
     return header, table
+
+
+def compile_rows(results: list[CaseResult]) -> tuple[list[str], list[list[str]]]:
+    """The compile-time table: whole first calls, the part inside each backend, torchfuse's warm/cold."""
+    header = ["case", "cold s ind/tf", "warm s ind/tf/dyn", "in backend cold s ind/tf",
+              "in backend warm s ind/tf", "tf warm/cold: whole, in backend"]
+    table = []
+    for r in results:
+        if r.skipped:
+            continue
+        table.append([
+            r.case,
+            "/".join(_fmt(r.cold_s.get(b), ".2f") for b in COMPILED),
+            "/".join(_fmt(r.warm_s.get(b), ".2f") for b in (*COMPILED, "dynamo")),
+            "/".join(_fmt(r.backend_cold_s.get(b), ".3f") for b in COMPILED),
+            "/".join(_fmt(r.backend_warm_s.get(b), ".3f") for b in COMPILED),
+            f"{_ratio(r.warm_s, r.cold_s)}, {_ratio(r.backend_warm_s, r.backend_cold_s)}",
+        ])
+    return header, table
+
+
+def _ratio(warm: dict[str, float], cold: dict[str, float], backend: str = "torchfuse") -> str:
+    if not warm.get(backend) or not cold.get(backend):
+        return "-"
+    return _fmt(100 * warm[backend] / cold[backend], ".0f", "%")
 
 
 def summary_lines(results: list[CaseResult], copy_gbs: float) -> list[str]:
@@ -101,11 +123,18 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
              "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table]
     notes = {r.case: r.note for r in results if r.note}
-    lines += ["", *summary_lines(results, copy_gbs), "", "Cases:"]
+    lines += ["", *summary_lines(results, copy_gbs), "", "Compile time:", ""]
+    header, table = compile_rows(results)
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table]
+    lines += ["", "Cases:"]
     lines += [f"- {case}: {note}" for case, note in notes.items()]
     lines += ["", "x: speedup over eager. cold: first call with empty disk caches (Dynamo, AOTAutograd, the "
                   "backend, its compiler); warm: the same in a later process per backend with the disk caches "
-                  "filled; dyn: Dynamo's capture alone (backend=\"eager\"), the floor under any warm time. "
+                  "filled; dyn: Dynamo's capture alone (backend=\"eager\"), the floor under any warm time; "
+                  "in backend: the part of a first call inside the backend (AOTAutograd and after, "
+                  "Dynamo's call_user_compiler timer). A full garbage collection runs before each timed "
+                  "first call. "
                   "peak MB: memory a call allocates beyond what was live before it. BW % copy: "
                   "(inputs + outputs bytes) / time, against a device-to-device copy. err: relative "
                   "Frobenius error of torchfuse's outputs against float64 (or eager where noted)."]
@@ -119,14 +148,14 @@ def print_table(results: list[CaseResult], copy_gbs: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    header, table = rows(results, copy_gbs)
-    rich_table = Table(title="torchfuse bench")
-    for name in header:
-        rich_table.add_column(name, justify="left" if name in ("case", "suite") else "right")
-    for row in table:
-        rich_table.add_row(*row)
     console = Console(width=max(160, Console().width))
-    console.print(rich_table)
+    for title, (header, table) in (("torchfuse bench", rows(results, copy_gbs)), ("compile time", compile_rows(results))):
+        rich_table = Table(title=title)
+        for name in header:
+            rich_table.add_column(name, justify="left" if name in ("case", "suite") else "right")
+        for row in table:
+            rich_table.add_row(*row)
+        console.print(rich_table)
     for line in summary_lines(results, copy_gbs):
         console.print(line)
 

@@ -32,6 +32,9 @@ class CaseResult:
     ms: dict[str, float] = field(default_factory=dict)
     cold_s: dict[str, float] = field(default_factory=dict)
     warm_s: dict[str, float] = field(default_factory=dict)
+    # Of the cold and warm seconds, the part inside the backend (AOTAutograd and after).
+    backend_cold_s: dict[str, float] = field(default_factory=dict)
+    backend_warm_s: dict[str, float] = field(default_factory=dict)
     kernels: dict[str, int] = field(default_factory=dict)
     peak_mb: dict[str, float] = field(default_factory=dict)
     rel_err: dict[str, float] = field(default_factory=dict)
@@ -99,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         ran = [r.case for r in results if not r.skipped]
         warm = compile_time.measure_warm(ran, backends, device, args.quick)
         for result in results:
-            result.warm_s.update(warm.get(result.case, {}))
+            measured = warm.get(result.case, {})
+            result.warm_s.update(measured.get("seconds", {}))
+            result.backend_warm_s.update(measured.get("backend_seconds", {}))
     out_dir = Path(args.out)
     output.write_all(results, env, copy_gbs, repeats, args.quick, out_dir)
     bad = [f"{r.case}/{b}" for r in results for b in backends if b in r.rel_err and not r.accurate(b)]
@@ -164,10 +169,11 @@ def _first_calls(workload: Workload, backends: list[str], device: torch.device, 
     for backend in backends:
         status(f"compiling with {backend}")
         try:
-            step, out, seconds = compile_time.timed_first_call(
+            step, out, seconds, backend_seconds = compile_time.timed_first_call(
                 lambda: workload.make_step(compile_time.compiler_for(backend)), device)
             if backend != "eager":
                 result.cold_s[backend] = seconds
+                result.backend_cold_s[backend] = backend_seconds
             if reference is None:  # eager is the reference; keep a copy, later steps may reuse memory
                 reference = [t.detach().clone() for t in measure.flat_tensors(out)]
             result.rel_err[backend] = measure.relative_error(out, reference)
