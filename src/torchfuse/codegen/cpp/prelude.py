@@ -99,11 +99,12 @@ template <class T> static inline T tf_shift_right(T a, T b) {
 // A converted integer is never -0, but GCC may fold (float)(int)x into truncf(x), which is -0
 // for x in (-1, 0); this select (kept: GCC honours signed zeros here) restores eager's +0.
 template <class T> static inline T tf_plus_zero(T v) { return v == T(0) ? T(0) : v; }
-// NaN wins (a's first). Written as three flat selects, not nested ones: GCC's if-conversion
-// gives up on the nested form in some loops (a ReLU feeding max-pooling's maxima stayed
-// scalar, 15x slower); the flat form vectorizes wherever the nested one did.
-template <class T> static inline T tf_max_nan(T a, T b) { T m = a < b ? b : a; m = b != b ? b : m; return a != a ? a : m; }
-template <class T> static inline T tf_min_nan(T a, T b) { T m = b < a ? b : a; m = b != b ? b : m; return a != a ? a : m; }
+// Floating point only (integers use a plain select). NaN wins: a + b is NaN when either is.
+// One unordered test and one select: GCC 13 does not if-convert three chained selects in a
+// channels-last pooling loop ("control flow in loop", scalar), nor a nested form that GCC 12
+// rejects elsewhere; this form vectorizes every loop of the vectorizer test on GCC 12 and 13.
+template <class T> static inline T tf_max_nan(T a, T b) { return __builtin_isunordered(a, b) ? a + b : (a < b ? b : a); }
+template <class T> static inline T tf_min_nan(T a, T b) { return __builtin_isunordered(a, b) ? a + b : (b < a ? b : a); }
 
 // ATen's div_floor_floating: floor(a / b) rounds wrongly when a / b rounds up to an
 // integer (1.0 // 0.1 is 9, not 10), and inf // x is NaN.
