@@ -256,11 +256,9 @@ def test_conv_batchnorm_relu_pool_block(training):
     assert all(g.target == "cpp" and not g.error for g in torchfuse.report().graphs)
 
 
-@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
-def test_inference_convolutions_run_channels_last(training, monkeypatch):
-    """Inference graphs give oneDNN channels-last operands (the pooling kernel before the second
-    convolution writes that layout directly) and expect channels-last results, which ATen
-    returns: no layout-fixing copy at run time. Training graphs keep their layouts."""
+@pytest.fixture
+def layout_copies(monkeypatch) -> list:
+    """The shapes of the extern results the wrapper had to copy into the layout tracing predicted."""
     from torchfuse.runtime import wrapper
 
     copies = []
@@ -272,6 +270,27 @@ def test_inference_convolutions_run_channels_last(training, monkeypatch):
         return out
 
     monkeypatch.setattr(wrapper, "ensure_layout", counting_ensure_layout)
+    return copies
+
+
+def test_extern_operands_we_compute_have_the_traced_layout(layout_copies):
+    """An ATen op whose result follows its operand's layout (sort; cuDNN attention on a GPU)
+    gets the operand in the layout tracing saw, so its result has the predicted layout: no
+    copy at run time. Here the operand is a transposed input times 2, (1, 7)-strided."""
+    x = floats((7, 5), specials=())
+    compiled = compile_cpp(lambda x: torch.sort(x.t() * 2, 0)[0] + 1)
+    got, want, ref = compiled(x), torch.sort(x.t() * 2, 0)[0] + 1, torch.sort(x.double().t() * 2, 0)[0] + 1
+    assert compare(got, want, ref) == []
+    assert layout_copies == []
+    assert "(5, 7), (1, 5)" in torchfuse.report().graphs[0].wrapper_source  # the operand's buffer
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_inference_convolutions_run_channels_last(training, layout_copies):
+    """Inference graphs give oneDNN channels-last operands (the pooling kernel before the second
+    convolution writes that layout directly) and expect channels-last results, which ATen
+    returns: no layout-fixing copy at run time. Training graphs keep their layouts."""
+    copies = layout_copies
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
                                 torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 5, 3, padding=1))

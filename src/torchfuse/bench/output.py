@@ -133,8 +133,9 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
                   "backend, its compiler); warm: the same in a later process per backend with the disk caches "
                   "filled; dyn: Dynamo's capture alone (backend=\"eager\"), the floor under any warm time; "
                   "in backend: the part of a first call inside the backend (AOTAutograd and after, "
-                  "Dynamo's call_user_compiler timer). A full garbage collection runs before each timed "
-                  "first call. "
+                  "Dynamo's call_user_compiler timer); work a backend defers to the first run is "
+                  "not in it (torchfuse's Triton kernels compile at their first launch). A full "
+                  "garbage collection runs before each timed first call. "
                   "peak MB: memory a call allocates beyond what was live before it. BW % copy: "
                   "(inputs + outputs bytes) / time, against a device-to-device copy. err: relative "
                   "Frobenius error of torchfuse's outputs against float64 (or eager where noted)."]

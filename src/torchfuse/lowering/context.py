@@ -86,10 +86,49 @@ class LoweringContext:
         copy = self.pointwise(value.shape, value.dtype, value.device, lambda idx: value.load(idx))
         return self.extern_arg(copy)
 
+    # -- layouts of node buffers ---------------------------------------------------------------
+    def is_whole_free_buffer(self, value: TensorValue) -> bool:
+        """True when ``value`` is a whole pointwise or reduction buffer whose strides no Extern
+        has relied on yet (so they may still change)."""
+        buffer = self.graph.buffers[value.buffer]
+        if not (value.is_identity and value.shape == buffer.shape):
+            return False
+        if not isinstance(self.graph.node(value.buffer), (Pointwise, Reduction)):
+            return False
+        return not any(isinstance(n, Extern) and value.buffer in n.reads() for n in self.graph.nodes)
+
+    def adopt_traced_layout(self, value: TensorValue, strides: Shape) -> None:
+        """Lay out the buffer behind ``value`` with ``strides`` (what tracing saw) when they are
+        dense and the buffer's layout is still free; otherwise leave it as it is."""
+        if not self.is_whole_free_buffer(value) or not is_dense(value.shape, strides):
+            return
+        buffer = self.graph.buffers[value.buffer]
+        self.graph.buffers[value.buffer] = Buffer(buffer.name, buffer.shape, buffer.dtype, buffer.device,
+                                                  tuple(sympy.sympify(s) for s in strides))
+
     def extern(self, target: Any, args: tuple, kwargs: dict, outputs: tuple[Buffer, ...], paths: tuple) -> None:
         for buffer in outputs:
             self.add_buffer(buffer)
         self.graph.nodes.append(Extern(self.new_name("extern"), target, args, kwargs, outputs, paths, self.current_origin))
+
+
+def is_dense(shape: Shape, strides: Shape) -> bool:
+    """True when ``strides`` lay ``shape`` out densely (a permutation of contiguous).
+
+    Works for symbolic sizes too: the innermost dim has stride 1, the next one the innermost's
+    size, and so on; each step looks for the dim whose stride equals the product so far.
+    """
+    shape = [sympy.sympify(v) for v in shape]
+    strides = [sympy.sympify(v) for v in strides]
+    remaining = [d for d in range(len(shape)) if shape[d] != 1]  # size-1 dims may have any stride
+    expected = sympy.Integer(1)
+    while remaining:
+        match = next((d for d in remaining if sympy.expand(strides[d] - expected) == 0), None)
+        if match is None:
+            return False
+        remaining.remove(match)
+        expected = expected * shape[match]
+    return True
 
 
 def _as_strided_view(value: TensorValue, buffer: Buffer) -> ExternArg | None:

@@ -149,41 +149,9 @@ def _lower_output(ctx: LoweringContext, out: Any, env: dict) -> GraphOutput:
     if not isinstance(value, TensorValue):
         return GraphOutput(None, constant=value)
     meta = out.meta.get("val")
-    whole = value.is_identity and value.shape == ctx.graph.buffers[value.buffer].shape
-    if whole and _layout_is_free(ctx, value.buffer) and isinstance(meta, torch.Tensor):
+    if ctx.is_whole_free_buffer(value) and isinstance(meta, torch.Tensor):
+        ctx.adopt_traced_layout(value, strides_of(meta))  # eager's layout: a transposed result stays so
         buffer = ctx.graph.buffers[value.buffer]
-        if _is_dense(buffer.shape, strides_of(meta)):
-            # Return the layout eager returns (a transposed or channels-last result stays so).
-            buffer = Buffer(buffer.name, buffer.shape, buffer.dtype, buffer.device, strides_of(meta))
-            ctx.graph.buffers[value.buffer] = buffer
         return GraphOutput(value.buffer, buffer.shape, buffer.strides)
     arg = ctx.extern_arg(value)  # a strided view of an existing buffer, or a copy
     return GraphOutput(arg.buffer, arg.shape, arg.strides, arg.offset)
-
-
-def _layout_is_free(ctx: LoweringContext, name: str) -> bool:
-    """True for node buffers whose strides no Extern has relied on yet."""
-    from torchfuse.ir.graph import Extern, Pointwise, Reduction
-
-    if not isinstance(ctx.graph.node(name), (Pointwise, Reduction)):
-        return False
-    return not any(isinstance(n, Extern) and name in n.reads() for n in ctx.graph.nodes)
-
-
-def _is_dense(shape, strides) -> bool:
-    """True when ``strides`` lay ``shape`` out densely (a permutation of contiguous).
-
-    Works for symbolic sizes too: the innermost dim has stride 1, the next one the innermost's
-    size, and so on; each step looks for the dim whose stride equals the product so far.
-    """
-    shape = [sympy.sympify(v) for v in shape]
-    strides = [sympy.sympify(v) for v in strides]
-    remaining = [d for d in range(len(shape)) if shape[d] != 1]  # size-1 dims may have any stride
-    expected = sympy.Integer(1)
-    while remaining:
-        match = next((d for d in remaining if sympy.expand(strides[d] - expected) == 0), None)
-        if match is None:
-            return False
-        remaining.remove(match)
-        expected = expected * shape[match]
-    return True

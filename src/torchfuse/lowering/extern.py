@@ -18,6 +18,12 @@ aten = torch.ops.aten
 
 def lower_extern(ctx: LoweringContext, node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
     """Add an Extern node calling ``node.target``; return its outputs as TensorValues."""
+    # The ATen op gets each operand we compute in the layout tracing saw, so that its results
+    # have the layouts tracing predicted: cuDNN attention's output follows its query's layout
+    # while its meta function assumes [b, t, h, d] order, as in eager, where the query is a
+    # transposed projection. A contiguous query there cost a layout-fixing copy per call.
+    _adopt_traced_layouts(ctx, node.args, args)
+    _adopt_traced_layouts(ctx, node.kwargs, kwargs)
     extern_args = _to_extern_args(ctx, args)
     extern_kwargs = {k: _to_extern_args(ctx, v) for k, v in kwargs.items()}
     meta = node.meta.get("val")
@@ -26,6 +32,20 @@ def lower_extern(ctx: LoweringContext, node: torch.fx.Node, args: tuple, kwargs:
     result = _describe_outputs(ctx, meta, (), buffers, paths)
     ctx.extern(node.target, extern_args, extern_kwargs, tuple(buffers), tuple(paths))
     return result
+
+
+def _adopt_traced_layouts(ctx: LoweringContext, traced: Any, values: Any) -> None:
+    """Walk FX arguments and their lowered values side by side (same structure)."""
+    if isinstance(traced, torch.fx.Node) and isinstance(values, TensorValue):
+        meta = traced.meta.get("val")
+        if isinstance(meta, torch.Tensor):
+            ctx.adopt_traced_layout(values, strides_of(meta))
+    elif isinstance(traced, (list, tuple)) and isinstance(values, (list, tuple)) and len(traced) == len(values):
+        for t, v in zip(traced, values):
+            _adopt_traced_layouts(ctx, t, v)
+    elif isinstance(traced, dict) and isinstance(values, dict):
+        for key in traced.keys() & values.keys():
+            _adopt_traced_layouts(ctx, traced[key], values[key])
 
 
 def _to_extern_args(ctx: LoweringContext, value: Any) -> Any:
