@@ -17,6 +17,9 @@ import torchfuse
 
 # Generated kernels go to a per-session cache so tests never see a stale one.
 os.environ.setdefault("TORCHFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="torchfuse-test-cache-"))
+# Nor another test's compile of the same graph (a test that breaks a stage on purpose must reach
+# it): the whole-graph cache is off, except in tests/test_graph_cache.py.
+os.environ.setdefault("TORCHFUSE_GRAPH_CACHE", "0")
 
 HAS_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_GPU else "cpu"

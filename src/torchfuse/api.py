@@ -59,8 +59,12 @@ def warmup(compiled: Callable, example_inputs_list: list[Any], backward: bool = 
 
 
 def reset() -> None:
-    """Forget compiled graphs (Dynamo's caches too) and reports."""
+    """Forget compiled graphs (Dynamo's caches, and graphs cached in memory; not the disk caches)
+    and reports."""
     import torch._dynamo
 
+    from torchfuse.runtime import graph_cache
+
     torch._dynamo.reset()
+    graph_cache.clear_memory()
     reports.clear()

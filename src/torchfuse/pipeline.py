@@ -5,6 +5,7 @@ Each stage's output can be printed by name (``options={"dump": ["ir", "kernels"]
 """
 from __future__ import annotations
 
+import copy
 import os
 import time
 import warnings
@@ -30,6 +31,7 @@ class CompileState:
     plan: Any = None
     kernels: dict = field(default_factory=dict)
     launchers: dict = field(default_factory=dict)
+    wrapper_constants: dict = field(default_factory=dict)  # objects the wrapper source names
     call: Callable | None = None
 
 
@@ -61,12 +63,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
     graph_report.aten_ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     state = CompileState(gm, list(example_inputs), options, target, graph_report)
     try:
-        for name, stage in STAGES:
-            started = time.perf_counter()
-            stage(state)
-            graph_report.stage_seconds[name] = time.perf_counter() - started
-            _dump(name, state)
-        call = state.call
+        call = _run_stages_or_restore(state)
         if options.check or os.environ.get("TORCHFUSE_CHECK") == "1":
             call = _checked(call, gm, graph_report.name)
     except Exception as error:  # noqa: BLE001 - any internal failure falls back to ATen
@@ -85,6 +82,78 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
     reports.record(graph_report)
     call._boxed_call = True
     return call
+
+
+def _run_stages_or_restore(state: CompileState) -> Callable:
+    """Run the stages, or take their result from the graph cache (runtime/graph_cache.py)."""
+    from torchfuse.frontend.symbolic import shape_env_of
+    from torchfuse.runtime import graph_cache
+
+    key = None
+    if _graph_cache_applies(state):
+        key = graph_cache.graph_key(state.gm, state.report.kind, state.target, state.options)
+        entry = graph_cache.lookup(key) if key is not None else None
+        if entry is not None:
+            started = time.perf_counter()
+            _restore(state, entry)
+            state.report.stage_seconds["graph cache"] = time.perf_counter() - started
+            return state.call
+    shape_env = shape_env_of(state.example_inputs)
+    marks = graph_cache.shape_env_marks(shape_env)
+    for name, stage in STAGES:
+        started = time.perf_counter()
+        stage(state)
+        state.report.stage_seconds[name] = time.perf_counter() - started
+        _dump(name, state)
+    if key is not None:
+        if graph_cache.shape_env_marks(shape_env) != marks:
+            graph_cache.not_stored("the compile added shape guards")
+        else:
+            graph_cache.store(key, _cache_entry(state))
+    return state.call
+
+
+def _graph_cache_applies(state: CompileState) -> bool:
+    from torchfuse.runtime import graph_cache
+
+    dumping = state.options.dump or os.environ.get("TORCHFUSE_DUMP")
+    return graph_cache.enabled() and state.target in ("cpp", "triton") and not dumping
+
+
+def _cache_entry(state: CompileState):
+    from torchfuse.runtime.graph_cache import GraphEntry
+
+    constant_targets = {n.name: str(n.target) for n in state.gm.graph.nodes
+                        if n.op == "get_attr" and n.name in state.graph.constants}
+    report = copy.deepcopy(state.report)
+    return GraphEntry(report.wrapper_source, dict(state.wrapper_constants), dict(state.kernels), constant_targets, report)
+
+
+# What a cache hit takes from the stored report: everything the stages would have written.
+RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "ir_text", "wrapper_source",
+                          "input_buffers", "output_buffers", "eager_bytes")
+
+
+def _restore(state: CompileState, entry) -> None:
+    from torchfuse.runtime import graph_cache
+    from torchfuse.runtime.wrapper import bind_wrapper
+
+    if state.target == "cpp":
+        from torchfuse.runtime.cpp_build import load_graph_kernels
+
+        launchers = load_graph_kernels(entry.kernels, state.report.name)
+    else:
+        from torchfuse.runtime.kernel_cache import load_kernel
+
+        interpret = not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in state.example_inputs)
+        launchers = {name: load_kernel(k.source, k.name, interpret) for name, k in entry.kernels.items()}
+    tensor_constants = {name: graph_cache.attribute(state.gm, target) for name, target in entry.constant_targets.items()}
+    state.kernels, state.launchers, state.wrapper_constants = entry.kernels, launchers, entry.wrapper_constants
+    state.call = bind_wrapper(entry.wrapper_source, entry.wrapper_constants, tensor_constants, launchers,
+                              state.report.name)
+    stored = copy.deepcopy(entry.report)
+    for name in RESTORED_REPORT_FIELDS:
+        setattr(state.report, name, getattr(stored, name))
 
 
 def _run_with_aten(gm: torch.fx.GraphModule) -> Callable:
@@ -231,8 +300,9 @@ def stage_wrapper(state: CompileState) -> None:
         return
     from torchfuse.runtime.wrapper import build_wrapper
 
-    call, source = build_wrapper(state.graph, state.plan, state.kernels, state.launchers)
+    call, source, constants = build_wrapper(state.graph, state.plan, state.kernels, state.launchers)
     state.report.wrapper_source = source
+    state.wrapper_constants = constants
     state.call = call
 
 

@@ -245,12 +245,18 @@ def build_graph_kernels(kernels: list, buffers: dict, graph_name: str) -> tuple[
     Returns:
         (rendered ``CppKernel`` by kernel name, ctypes function by kernel name).
     """
-    from torchfuse.codegen.cpp.kernel import render_kernel, render_module
+    from torchfuse.codegen.cpp.kernel import render_kernel
 
     avx512 = "avx512f" in _cpu_identity().split()
     rendered = {k.name: render_kernel(k, buffers, avx512=avx512) for k in kernels}
+    return rendered, load_graph_kernels(rendered, graph_name)
+
+
+def load_graph_kernels(rendered: dict, graph_name: str) -> dict:
+    """The ctypes function of each rendered ``CppKernel``, from one library built (or found) for all."""
+    from torchfuse.codegen.cpp.kernel import render_module
+
     if not rendered:
-        return {}, {}
+        return {}
     library = build(render_module(list(rendered.values())), graph_name)
-    functions = {name: library.function(name, len(k.pointer_args), len(k.size_args)) for name, k in rendered.items()}
-    return rendered, functions
+    return {name: library.function(name, len(k.pointer_args), len(k.size_args)) for name, k in rendered.items()}

@@ -244,25 +244,33 @@ def _same_addresses(tensor: torch.Tensor, strides: tuple) -> bool:
 
 def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel | CppKernel],
                   launchers: dict[str, Any]):
-    """Compile the wrapper source into a callable ``call(args)``; returns (call, source)."""
-    from torchfuse.runtime.launch import launch_pointwise, launch_reduction
-
+    """Compile the wrapper source into a callable ``call(args)``; returns (call, source, constants)."""
     writer = WrapperWriter(graph, plan, kernels)
     source = writer.write()
+    call = bind_wrapper(source, writer.constants, graph.constants, launchers, graph.name)
+    return call, source, writer.constants
+
+
+def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[str, torch.Tensor],
+                 launchers: dict[str, Any], graph_name: str):
+    """Execute a wrapper's source with the objects it names: ``constants`` from its writer
+    (kernels become their launchers), the graph's tensor constants by buffer name."""
+    from torchfuse.runtime.launch import launch_pointwise, launch_reduction
+
     namespace: dict[str, Any] = {
         "empty_strided": torch.empty_strided, "as_strided": torch.as_strided, "ensure_layout": ensure_layout,
         "launch_pointwise": launch_pointwise, "launch_reduction": launch_reduction, "max": max, "min": min,
         "get_num_threads": torch.get_num_threads,
     }
-    namespace.update(graph.constants)  # lifted tensor constants, by buffer name
-    for name, value in writer.constants.items():
+    namespace.update(tensor_constants)  # lifted tensor constants, by buffer name
+    for name, value in constants.items():
         if isinstance(value, TritonKernel):
             value = _Launchable(launchers[value.name])
         elif isinstance(value, CppKernel):
             value = launchers[value.name]  # the ctypes function
         namespace[name] = value
-    exec(compile(source, f"<torchfuse wrapper {graph.name}>", "exec"), namespace)
-    return namespace["call"], source
+    exec(compile(source, f"<torchfuse wrapper {graph_name}>", "exec"), namespace)
+    return namespace["call"]
 
 
 class _Launchable:
