@@ -12,6 +12,7 @@ import copy
 import ctypes
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -254,6 +255,21 @@ def test_conv_batchnorm_relu_pool_block(training):
         got, want, ref = compiled(x), model(x), reference(x.double())
     assert compare(got, want, ref, scale_tol=True) == []
     assert all(g.target == "cpp" and not g.error for g in torchfuse.report().graphs)
+
+
+def test_row_invariant_loads_are_read_once_per_row_before_the_reduction_loops():
+    """A value the row's loops read at an index without reduced variables (a scalar scale, a
+    per-row value) is loaded once per row, outside the loops: GCC cannot hoist it out of an
+    OpenMP-outlined SIMD loop by itself, and left such loops scalar."""
+    x, scale, per_row = floats((64, 300), specials=()), floats((), seed=1), floats((64, 1), seed=2)
+    fn = lambda x, s, v: ((x - v) * s).sum(-1) + (x * v).amax(-1)  # noqa: E731
+    got, want, ref = compile_cpp(fn)(x, scale, per_row), fn(x, scale, per_row), fn(x.double(), scale.double(), per_row.double())
+    assert compare(got, want, ref, scale_tol=True) == []
+    (kernel,) = torchfuse.report().graphs[0].generated_kernels
+    lines = kernel.source.splitlines()
+    first_loop = next(i for i, line in enumerate(lines) if "for (int64_t r" in line)
+    invariant = [i for i, line in enumerate(lines) if re.search(r"= ptr\d+\[(0|x0)\];", line)]
+    assert len(invariant) == 2 and max(invariant) < first_loop, kernel.source
 
 
 @pytest.fixture
