@@ -245,6 +245,30 @@ def test_half_reduction_with_epilogue_is_one_kernel():
     assert generated_kernel_count() == 1, torchfuse.report()
 
 
+def test_a_residual_stream_is_stored_once_per_add_not_recomputed_by_every_norm():
+    """A transformer stack's norms each read the running sum h = x + y1 + y2 + ..., with a matmul
+    between them. Inlined link by link, every norm kernel would re-read every term (and keep
+    them all alive): the last of five norms here would read five full-size buffers. Stored
+    once per add, each norm kernel reads the previous sum and one new term."""
+    x = floats((8, 96), torch.float32, specials=[])
+    weights = [floats((96, 96), torch.float32, specials=[], seed=i) / 96 for i in range(1, 5)]
+
+    def rms_norm(h):
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    def fn(x, *weights):
+        h = x
+        for w in weights:
+            h = h + rms_norm(h) @ w
+        return rms_norm(h)
+
+    check_outputs(fn, x, *weights, compiled=compile_strict(fn), scale_tol=True)
+    full = x.numel() * x.element_size()
+    kernels = [k for g in torchfuse.report().graphs for k in g.kernels if k.kind != "extern"]
+    full_reads = [sum(1 for access in k.reads if access.bytes == full) for k in kernels]
+    assert max(full_reads) <= 2, (full_reads, torchfuse.report())
+
+
 # -- dynamic shapes ---------------------------------------------------------------------------------
 def test_dynamic_reduction_sizes():
     def build(x):

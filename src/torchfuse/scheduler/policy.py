@@ -37,6 +37,21 @@ def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
     return FusionDecision.no("cheap to recompute in its readers")
 
 
+def should_store_shared(large_reads: int, reader_count: int) -> FusionDecision:
+    """Store a buffer that several readers would recompute from many full-size buffers.
+
+    ``large_reads`` counts the full-size buffers its body reads once producers that are not
+    stored are inlined (a residual stream ``x + a1 + m1 + a2`` reads four). Recomputed in R
+    readers it reads those L buffers R times; stored, it reads them once, writes itself once
+    and each reader reads it back: R*L against L + 1 + R. Ties go to storing, because an
+    inlined chain also keeps every buffer it reads alive until its last reader has run.
+    """
+    inline_cost, store_cost = reader_count * large_reads, large_reads + 1 + reader_count
+    if reader_count > 1 and inline_cost >= store_cost:
+        return FusionDecision.yes(f"{reader_count} readers would each re-read {large_reads} full-size buffers")
+    return FusionDecision.no("cheap to recompute in its readers")
+
+
 def worth_fusing(shares_memory: bool, kernel: FusedKernel) -> FusionDecision:
     """Fuse only nodes that share a buffer with the kernel: that is what saves traffic."""
     if not shares_memory:

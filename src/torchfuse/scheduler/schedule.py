@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from torchfuse.ir.expr import Expr, Load, loads, substitute_index, walk
+from torchfuse.ir.expr import Expr, Load, loads, read_buffers, substitute_index, walk
 from torchfuse.ir.graph import Extern, Graph, Pointwise, Reduction
+from torchfuse.ir.symbols import product
 from torchfuse.scheduler import placement as placing
 from torchfuse.scheduler import policy
 from torchfuse.scheduler.bodies import inline_producers
@@ -95,6 +96,34 @@ class _SchedulerState:
             )
             if should_realize(node, ctx):
                 self.realized.add(node.name)
+        self._store_shared_chains(effective)
+
+    def _store_shared_chains(self, effective_readers: dict[str, set[str]]) -> None:
+        """Store inlined chains that several readers would recompute from many buffers.
+
+        The first pass judged each body alone, so a residual stream (``h = x + a1``,
+        ``h2 = h + m1``...) looked cheap link by link while every later norm recomputed the
+        whole chain and kept all its terms alive. In graph order, each body's reads are
+        counted with its inlined producers' reads in place (``policy.should_store_shared``).
+        """
+        inlined_reads: dict[str, frozenset[str]] = {}
+        for node in self.graph.nodes:
+            if not isinstance(node, Pointwise) or node.name in self.realized:
+                continue
+            reads: set[str] = set()
+            for buffer in read_buffers(node.body):
+                reads |= inlined_reads.get(buffer, {buffer})
+            large = [b for b in reads if not self._smaller_than(b, node)]
+            if policy.should_store_shared(len(large), len(effective_readers.get(node.name, ()))):
+                self.realized.add(node.name)
+            else:
+                inlined_reads[node.name] = frozenset(reads)
+
+    def _smaller_than(self, buffer: str, node: Pointwise) -> bool:
+        """Whether ``buffer`` provably has fewer elements than ``node`` (a broadcast weight, a
+        row statistic): re-reading it in each reader costs little."""
+        known = self.nodes.get(buffer) or self.graph.buffers.get(buffer)
+        return known is not None and bool((product(node.shape) - product(known.shape)).is_positive)
 
     def _direct_readers(self) -> dict[str, list[str]]:
         result: dict[str, list[str]] = {}
