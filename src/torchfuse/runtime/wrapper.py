@@ -37,7 +37,9 @@ class WrapperWriter:
         self.lines: list[str] = []
         self.constants: dict[str, Any] = {}  # names the wrapper uses -> objects
         self.live: set[str] = set()
-        self.free_pool: dict[tuple, list[str]] = {}
+        # Dead buffers kept for a later allocation of the same size, each with the index of a
+        # placeholder line where it died: that line becomes its ``del`` if nothing reuses it.
+        self.free_pool: dict[tuple, list[tuple[str, int]]] = {}
         self.allocated_here: set[str] = set()
         self.read_later: set[str] = set()  # buffers a kernel, an extern or the return reads
         self.fresh_extern_outputs: set[str] = set()  # extern results aliasing no input
@@ -63,8 +65,9 @@ class WrapperWriter:
             else:
                 self._emit_extern(item.node)
             self._free(step, last_use)
+        self._free_unreused()
         self.emit(f"return ({', '.join(self._output(o) for o in self.graph.outputs)}{',' if len(self.graph.outputs) == 1 else ''})")
-        return "def call(args):\n" + "\n".join(self.lines) + "\n"
+        return "def call(args):\n" + "\n".join(line for line in self.lines if line) + "\n"
 
     # -- buffers ---------------------------------------------------------------------------
     def _last_uses(self) -> dict[str, int]:
@@ -82,9 +85,17 @@ class WrapperWriter:
                 self.live.discard(name)
                 key = self._pool_key(self.graph.buffers[name])
                 if name in self.allocated_here and key[3]:
-                    self.free_pool.setdefault(key, []).append(name)  # kept for reuse
+                    self.free_pool.setdefault(key, []).append((name, len(self.lines)))  # kept for reuse
+                    self.lines.append("")
                 else:
                     self.emit(f"del {name}")
+
+    def _free_unreused(self) -> None:
+        """A pooled buffer that no later allocation took is deleted where it died, not kept to the end."""
+        for entries in self.free_pool.values():
+            for name, line in entries:
+                self.lines[line] = f"    del {name}"
+        self.free_pool.clear()
 
     @staticmethod
     def _pool_key(buffer: Buffer) -> tuple:
@@ -100,7 +111,7 @@ class WrapperWriter:
         dtype = self._const(buffer.dtype, "dtype")
         key = self._pool_key(buffer)
         if key[3] and self.free_pool.get(key):
-            old = self.free_pool[key].pop()
+            old, _ = self.free_pool[key].pop()
             self.emit(f"{buffer.name} = {old}.view({_tuple(buffer.shape)}); del {old}  # reuse dead buffer")
         else:
             self.emit(f"{buffer.name} = empty_strided({_tuple(buffer.shape)}, {_tuple(buffer.strides)}, dtype={dtype}, device={device})")
@@ -179,6 +190,9 @@ class WrapperWriter:
             self.live.add(buffer.name)
             if fresh:
                 self.fresh_extern_outputs.add(buffer.name)
+        # The buffers above hold what is still read; the call's own name would keep every
+        # result (and each unread output) alive until the graph returns.
+        self.emit(f"del {result}")
 
     def _extern_value(self, value: Any) -> str:
         if isinstance(value, ExternArg):
