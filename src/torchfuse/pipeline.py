@@ -219,14 +219,12 @@ def stage_aten(state: CompileState) -> None:
 def stage_lower(state: CompileState) -> None:
     from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users
     from torchfuse.lowering.conv_layout import convolutions_channels_last
-    from torchfuse.lowering.cpu_gemm import use_faster_gemm_library
     from torchfuse.lowering.driver import lower
     from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls
 
     pad_unaligned_matmuls(state.gm)  # CUDA 16-bit matmuls only
     if state.target == "cpp":  # measured on CPUs only so far (see docs/decisions.md)
         split_bias_into_pointwise_users(state.gm)
-        use_faster_gemm_library(state.gm)
         if state.report.kind == "inference":  # a forward graph's saved tensors keep their layouts
             convolutions_channels_last(state.gm)
     state.graph = lower(state.gm, state.report.name)

@@ -69,11 +69,3 @@ def constant_value(tensor: torch.Tensor):
 
     with unset_fake_temporarily():
         return tensor.item()
-
-
-def outside_fake_mode():
-    """A context in which tensors are real again: compiling runs inside AOTAutograd's fake
-    mode, where ``torch.randn`` would make a fake tensor and timing a kernel would time nothing."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    return unset_fake_temporarily()

@@ -76,7 +76,6 @@ def _extern_rule(ctx: LoweringContext, node: torch.fx.Node, *args: Any, **kwargs
 # Ops we deliberately leave to ATen (libraries beat generated code here): not fallbacks.
 register_lowering(
     aten.mm, aten.bmm, aten.addmm, aten.baddbmm, aten.convolution, aten.convolution_backward,
-    *([torch.ops.mkldnn._linear_pointwise] if hasattr(torch.ops.mkldnn, "_linear_pointwise") else []),
     aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_flash_attention,
     aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_flash_attention_for_cpu,
     aten._scaled_dot_product_efficient_attention_backward,
