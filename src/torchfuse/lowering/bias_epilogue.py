@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from torchfuse.lowering.graph_rewrite import rewrite_eligible
+
 aten = torch.ops.aten
 
 # Reshapes between a linear layer's [B*T, N] matmul and its [B, T, N] users.
@@ -17,15 +19,7 @@ _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 def split_bias_into_pointwise_users(gm: torch.fx.GraphModule) -> int:
     """Rewrite every eligible addmm in place; returns how many were split."""
-    split = 0
-    for node in list(gm.graph.nodes):
-        if _eligible(node):
-            _split(gm.graph, node)
-            split += 1
-    if split:
-        gm.graph.lint()
-        gm.recompile()
-    return split
+    return rewrite_eligible(gm, _eligible, _split)
 
 
 def _eligible(node: torch.fx.Node) -> bool:

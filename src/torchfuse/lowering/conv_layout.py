@@ -14,21 +14,14 @@ from __future__ import annotations
 
 import torch
 
+from torchfuse.lowering.graph_rewrite import rewrite_eligible
+
 aten = torch.ops.aten
 
 
 def convolutions_channels_last(gm: torch.fx.GraphModule) -> int:
     """Rewrite every eligible convolution in place; returns how many were rewritten."""
-    graph = gm.graph
-    rewritten = 0
-    for node in list(graph.nodes):
-        if _eligible(node):
-            _rewrite(graph, node)
-            rewritten += 1
-    if rewritten:
-        graph.lint()
-        gm.recompile()
-    return rewritten
+    return rewrite_eligible(gm, _eligible, _rewrite)
 
 
 def _eligible(node: torch.fx.Node) -> bool:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from torchfuse.lowering.graph_rewrite import rewrite_eligible
+
 aten = torch.ops.aten
 
 ALIGN_BYTES = 16
@@ -23,16 +25,7 @@ MIN_MULTIPLY_ADDS = 1 << 26
 
 def pad_unaligned_matmuls(gm: torch.fx.GraphModule) -> int:
     """Rewrite every eligible matmul in place; returns how many were rewritten."""
-    graph = gm.graph
-    rewritten = 0
-    for node in list(graph.nodes):
-        if _padded_width(node):
-            _rewrite(graph, node)
-            rewritten += 1
-    if rewritten:
-        graph.lint()
-        gm.recompile()
-    return rewritten
+    return rewrite_eligible(gm, _padded_width, _rewrite)
 
 
 def _padded_width(node: torch.fx.Node) -> int | None:
@@ -80,16 +73,16 @@ def _pad_columns(graph: torch.fx.Graph, value: torch.fx.Node, extra: int) -> tor
     fake = value.meta["val"]
     if fake.dim() == 0 or fake.shape[-1] == 1:
         return value
-    transposed = fake.dim() == 2 and fake.stride(0) == 1 and fake.stride(1) != 1
-    source = graph.call_function(aten.permute.default, (value, [1, 0])) if transposed else value
-    pad = [0, 0, 0, extra] if transposed else [0, extra]
-    padded = graph.call_function(aten.constant_pad_nd.default, (source, pad, 0.0))
-    result = graph.call_function(aten.permute.default, (padded, [1, 0])) if transposed else padded
+    if fake.dim() == 2 and fake.stride(0) == 1 and fake.stride(1) != 1:  # transposed
+        rows = graph.call_function(aten.permute.default, (value, [1, 0]))
+        padded = graph.call_function(aten.constant_pad_nd.default, (rows, [0, 0, 0, extra], 0.0))
+        added = [rows, padded, graph.call_function(aten.permute.default, (padded, [1, 0]))]
+    else:
+        added = [graph.call_function(aten.constant_pad_nd.default, (value, [0, extra], 0.0))]
     with fake.fake_mode:
-        for node in dict.fromkeys((source, padded, result)):
-            if node is not value:
-                _trace(node)
-    return result
+        for node in added:
+            _trace(node)
+    return added[-1]
 
 
 def _trace(node: torch.fx.Node) -> None:
