@@ -35,8 +35,12 @@ class CompileState:
     call: Callable | None = None
 
 
-def choose_target(example_inputs: list[Any], options: Options) -> str:
+def choose_target(example_inputs: list[Any], options: Options, gm: torch.fx.GraphModule | None = None) -> str:
+    """The target of a graph: from its inputs' devices and, given ``gm``, every tensor its nodes
+    make (a graph of CPU inputs may create CUDA tensors, ``torch.ones(n, device="cuda")``)."""
     devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)}
+    if gm is not None:
+        devices |= _node_devices(gm)
     if options.target != "auto":
         # A forced target still needs memory it can run on: meta tensors have no data, and a
         # kernel handed their null pointers would crash the process. ATen computes their shapes.
@@ -45,6 +49,13 @@ def choose_target(example_inputs: list[Any], options: Options) -> str:
     if "cuda" in devices:
         return "triton"
     return "cpp" if devices <= {"cpu"} else "aten"  # C++ for CPU tensors; ATen for other devices
+
+
+def _node_devices(gm: torch.fx.GraphModule) -> set[str]:
+    from torch.utils._pytree import tree_leaves
+
+    values = tree_leaves([n.meta.get("val") for n in gm.graph.nodes])
+    return {v.device.type for v in values if isinstance(v, torch.Tensor)}
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str, options: Options) -> Callable:
@@ -58,7 +69,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
     Returns:
         A function taking the list of inputs (which it clears) and returning the outputs.
     """
-    target = choose_target(example_inputs, options)
+    target = choose_target(example_inputs, options, gm)
     graph_report = reports.GraphReport(reports.next_graph_name(), kind, target)
     graph_report.aten_ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     state = CompileState(gm, list(example_inputs), options, target, graph_report)
@@ -130,7 +141,7 @@ def _cache_entry(state: CompileState):
 
 
 # What a cache hit takes from the stored report: everything the stages would have written.
-RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "ir_text", "wrapper_source",
+RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "device_notes", "ir_text", "wrapper_source",
                           "input_buffers", "output_buffers", "eager_bytes")
 
 
@@ -138,15 +149,7 @@ def _restore(state: CompileState, entry) -> None:
     from torchfuse.runtime import graph_cache
     from torchfuse.runtime.wrapper import bind_wrapper
 
-    if state.target == "cpp":
-        from torchfuse.runtime.cpp_build import load_graph_kernels
-
-        launchers = load_graph_kernels(entry.kernels, state.report.name)
-    else:
-        from torchfuse.runtime.kernel_cache import load_kernel
-
-        interpret = not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in state.example_inputs)
-        launchers = {name: load_kernel(k.source, k.name, interpret) for name, k in entry.kernels.items()}
+    launchers = _load_launchers(entry.kernels, state.report.name)
     tensor_constants = {name: graph_cache.attribute(state.gm, target) for name, target in entry.constant_targets.items()}
     state.kernels, state.launchers, state.wrapper_constants = entry.kernels, launchers, entry.wrapper_constants
     state.call = bind_wrapper(entry.wrapper_source, entry.wrapper_constants, tensor_constants, launchers,
@@ -154,6 +157,20 @@ def _restore(state: CompileState, entry) -> None:
     stored = copy.deepcopy(entry.report)
     for name in RESTORED_REPORT_FIELDS:
         setattr(state.report, name, getattr(stored, name))
+
+
+def _load_launchers(kernels: dict, graph_name: str) -> dict:
+    """What the wrapper calls for each rendered kernel: C++ kernels from one library for the
+    graph, Triton kernels compiled for the GPU or, on CPU tensors, run by Triton's interpreter."""
+    from torchfuse.codegen.cpp.kernel import CppKernel
+    from torchfuse.runtime.cpp_build import load_graph_kernels
+    from torchfuse.runtime.kernel_cache import load_kernel
+
+    launchers = load_graph_kernels({n: k for n, k in kernels.items() if isinstance(k, CppKernel)}, graph_name)
+    for name, kernel in kernels.items():
+        if not isinstance(kernel, CppKernel):
+            launchers[name] = load_kernel(kernel.source, kernel.name, kernel.device != "cuda")
+    return launchers
 
 
 def _run_with_aten(gm: torch.fx.GraphModule) -> Callable:
@@ -219,6 +236,7 @@ def stage_aten(state: CompileState) -> None:
 def stage_lower(state: CompileState) -> None:
     from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users
     from torchfuse.lowering.conv_layout import convolutions_channels_last
+    from torchfuse.lowering.devices import place_on_one_device
     from torchfuse.lowering.driver import lower
     from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls
 
@@ -228,6 +246,7 @@ def stage_lower(state: CompileState) -> None:
         if state.report.kind == "inference":  # a forward graph's saved tensors keep their layouts
             convolutions_channels_last(state.gm)
     state.graph = lower(state.gm, state.report.name)
+    state.report.device_notes = place_on_one_device(state.graph)
     state.report.fallbacks = list(state.graph.fallbacks)
     state.report.ir_text = format_graph(state.graph)
 
@@ -237,9 +256,11 @@ def stage_schedule(state: CompileState) -> None:
     from torchfuse.scheduler.schedule import schedule
 
     from torchfuse.diagnostics.traffic import TrafficCounter
+    from torchfuse.lowering.devices import check_one_device
     from torchfuse.frontend.symbolic import shape_env_of
 
     state.plan = schedule(state.graph)
+    check_one_device(state.plan.kernels, state.graph.buffers)
     state.report.decisions = [d for d in state.plan.decisions if not d.fused]
     state.report.fusions = [d for d in state.plan.decisions if d.fused]
     # Bytes each kernel moves against eager's, for the report (sizes at the example inputs).
@@ -262,14 +283,12 @@ def stage_kernels(state: CompileState) -> None:
     if state.target == "aten":
         return
     if state.target == "cpp":
-        _cpp_kernels(state)
+        _cpp_kernels(state, state.plan.kernels)
         return
     from torchfuse.codegen.triton.kernel import render_kernel
-    from torchfuse.frontend.symbolic import shape_env_of, size_hint
-    from torchfuse.runtime.kernel_cache import load_kernel, module_source
-
-    shape_env = shape_env_of(state.example_inputs)
-    interpret = not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in state.example_inputs)
+    from torchfuse.frontend.symbolic import size_hint
+    from torchfuse.runtime.cpp_build import compiler_available
+    from torchfuse.runtime.kernel_cache import module_source
 
     def hint(expr) -> int:
         try:
@@ -277,22 +296,36 @@ def stage_kernels(state: CompileState) -> None:
         except (ValueError, TypeError):
             return 0  # symbolic: choose code that works for every size
 
+    # In a GPU graph, kernels over CPU tensors (shape arithmetic before a .to("cuda")) are
+    # built for the CPU; in a graph of CPU tensors alone (tests) Triton's interpreter runs all.
+    on_gpu = any(k.device.type == "cuda" for k in state.plan.kernels)
+    on_cpu = [k for k in state.plan.kernels if k.device.type == "cpu"] if on_gpu and compiler_available() else []
+    _cpp_kernels(state, on_cpu)
     by_name = {k.name: k for k in state.report.kernels}
     for kernel in state.plan.kernels:
+        if kernel in on_cpu:
+            state.report.device_notes.append(f"{kernel.name} runs on the CPU (C++): its tensors are CPU tensors")
+            continue
         rendered = render_kernel(kernel, state.graph.buffers, hint)
         state.kernels[kernel.name] = rendered
-        state.launchers[kernel.name] = load_kernel(rendered.source, rendered.name, interpret)
         by_name[kernel.name].source = module_source(rendered.source)
-    del shape_env
+        for scalar in rendered.scalar_args:
+            state.report.device_notes.append(f"{kernel.name} receives {scalar} (a 0-d CPU tensor) by value, as eager does")
+    state.launchers.update(_load_launchers({n: k for n, k in state.kernels.items() if n not in state.launchers},
+                                           state.report.name))
 
 
-def _cpp_kernels(state: CompileState) -> None:
-    """Every kernel of the graph in one C++ translation unit: one compiler call, cached on disk."""
+def _cpp_kernels(state: CompileState, kernels: list) -> None:
+    """These kernels in one C++ translation unit: one compiler call, cached on disk."""
     from torchfuse.runtime.cpp_build import build_graph_kernels
 
-    state.kernels, state.launchers = build_graph_kernels(state.plan.kernels, state.graph.buffers, state.report.name)
+    if not kernels:
+        return
+    rendered, launchers = build_graph_kernels(kernels, state.graph.buffers, state.report.name)
+    state.kernels.update(rendered)
+    state.launchers.update(launchers)
     by_name = {k.name: k for k in state.report.kernels}
-    for name, kernel in state.kernels.items():
+    for name, kernel in rendered.items():
         by_name[name].source = kernel.source
 
 

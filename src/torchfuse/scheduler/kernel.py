@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 import sympy
+import torch
 
 from torchfuse.ir.expr import Expr, substitute_index
 from torchfuse.ir.graph import Extern, Pointwise, Reduction, Shape
@@ -47,6 +48,11 @@ class FusedKernel:
     @property
     def kind(self) -> str:
         return "reduction" if self.r_ranges else "pointwise"
+
+    @property
+    def device(self) -> torch.device:
+        """Where the kernel runs: all its members are on one device (the scheduler's rule)."""
+        return self.members[0].node.device
 
     @property
     def x_vars(self) -> tuple[sympy.Symbol, ...]:

@@ -22,6 +22,7 @@ class RealizeContext:
     is_output: bool
     read_by_extern: bool
     reader_count: int  # nodes that would recompute it if inlined
+    read_on_other_device: bool = False  # a reader runs on another device (CPU values in a GPU graph)
 
 
 def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
@@ -30,6 +31,8 @@ def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
         return FusionDecision.yes("graph output")
     if ctx.read_by_extern:
         return FusionDecision.yes("read by an ATen call")
+    if ctx.read_on_other_device:
+        return FusionDecision.yes("read by a kernel on another device")
     if ctx.reader_count > 1:
         ops, reads = count_ops(node.body), len(loads(node.body))
         if ops > MAX_RECOMPUTED_OPS or reads > MAX_RECOMPUTED_LOADS:

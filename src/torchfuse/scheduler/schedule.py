@@ -93,6 +93,8 @@ class _SchedulerState:
                 is_output=node.name in outputs,
                 read_by_extern=any(r not in self.nodes for r in direct.get(node.name, [])),
                 reader_count=len(readers),
+                read_on_other_device=any(r in self.nodes and self.nodes[r].device != node.device
+                                         for r in direct.get(node.name, [])),
             )
             if should_realize(node, ctx):
                 self.realized.add(node.name)
@@ -146,7 +148,12 @@ class _SchedulerState:
 
     def add_node(self, node: Pointwise | Reduction, worth_fusing) -> None:
         origins: set[str] = set()
-        own_body = inline_producers(node.body, self.inlinable, lambda p: origins.add(p.origin))
+
+        def same_device_producer(name: str) -> Pointwise | None:
+            producer = self.inlinable(name)
+            return producer if producer is not None and producer.device == node.device else None
+
+        own_body = inline_producers(node.body, same_device_producer, lambda p: origins.add(p.origin))
         reads = {load.buffer for load in loads(own_body)}
         for kernel in self._candidates(reads):
             decision = self._try_join(node, own_body, reads, kernel, worth_fusing)
@@ -178,6 +185,8 @@ class _SchedulerState:
         return sorted(found, key=lambda k: -self.items.index(k))
 
     def _try_join(self, node, own_body: Expr, reads: set[str], kernel: FusedKernel, worth_fusing) -> FusionDecision:
+        if node.device != kernel.device:
+            return FusionDecision.no(f"runs on {node.device}, the kernel on {kernel.device}: a kernel runs on one device")
         result = placing.place(node, kernel)
         if isinstance(result, FusionDecision):
             return result

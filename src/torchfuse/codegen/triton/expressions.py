@@ -142,6 +142,11 @@ class ExpressionWriter(CseWriter):
             text = f"tl.broadcast_to({text}, {self.unit_shape})"
         return self._assign(text, True, scope)
 
+    def scalar_argument(self, param: str, dtype: torch.dtype, scope: Scope) -> Value:
+        """A kernel argument passed by value (a CPU scalar read by a GPU kernel), as a tensor
+        of the dtype a load of it would give (half types compute in float32)."""
+        return self._assign(f"tl.full({self.unit_shape}, {param}, {tl_dtype(compute_dtype(dtype))})", True, scope)
+
     def index_text(self, expr: sympy.Expr) -> str:
         self._note_sizes(expr)
         return print_index(expr)

@@ -16,6 +16,7 @@ import torch
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
+from torchfuse.ir.devices import is_kernel_scalar
 from torchfuse.ir.expr import Expr, Load, loads, substitute_index
 from torchfuse.ir.graph import Buffer, Reduction
 from torchfuse.ir.symbols import FloorDiv, ModIndex, product, simplify_index, size_symbols
@@ -39,6 +40,9 @@ class TritonKernel:
     kind: str
     persistent: bool
     origins: list[str] = field(default_factory=list)
+    # 0-d CPU buffers a GPU kernel receives by value (lowering/devices.py), after the pointers.
+    scalar_args: list[str] = field(default_factory=list)
+    device: str = "cuda"  # device type the kernel runs on ("cpu": Triton's interpreter)
 
 
 def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
@@ -60,6 +64,7 @@ class KernelRenderer:
         self.flat.update(flat_var_map(kernel.r_ranges, kernel.r_vars, RINDEX))
         self.members = {m.node.name: m for m in kernel.members}
         self.pointers: dict[str, str] = {}
+        self.scalars: dict[str, str] = {}  # buffer -> parameter holding its value
         self.registers: dict[str, str] = {}  # reduction buffer -> variable holding its row value
         self.is_reduction = kernel.kind == "reduction"
         rnumel_hint = size_hint(product(kernel.r_ranges))
@@ -83,6 +88,10 @@ class KernelRenderer:
     def _resolve_load(self, load: Load, scope: Scope):
         if load.buffer in self.registers:
             return Value(self.registers[load.buffer], True)
+        buffer = self.buffers.get(load.buffer)
+        if buffer is not None and is_kernel_scalar(buffer, self.kernel.device):
+            param = self.scalars.setdefault(load.buffer, f"scalar{len(self.scalars)}")
+            return self.writer.scalar_argument(param, buffer.dtype, scope)
         member = self.members.get(load.buffer)
         if member is None or isinstance(member.node, Reduction):
             return None
@@ -246,9 +255,10 @@ class KernelRenderer:
         scope.emit(f"tl.store({self._pointer(node.name)} + ({self.writer.index_text(offset)}){pad}, {text}, {mask})")
 
     def _finish(self, lines: list[str]) -> TritonKernel:
-        pointer_args = list(self.pointers)
+        pointer_args, scalar_args = list(self.pointers), list(self.scalars)
         sizes = sorted(self.writer.sizes_used, key=lambda s: s.name)
-        params = [self.pointers[b] for b in pointer_args] + [s.name for s in sizes] + ["xnumel"]
+        params = ([self.pointers[b] for b in pointer_args] + [self.scalars[b] for b in scalar_args]
+                  + [s.name for s in sizes] + ["xnumel"])
         constexprs = ["XBLOCK: tl.constexpr"]
         if self.is_reduction:
             params.append("rnumel")
@@ -259,7 +269,8 @@ class KernelRenderer:
         doc = [f'    """{self.kernel.kind} kernel: {origins}"""']
         source = "\n".join(header + doc + lines) + "\n"
         return TritonKernel(name, source, pointer_args, sizes, product(self.kernel.x_ranges),
-                            product(self.kernel.r_ranges), self.kernel.kind, self.persistent, self.kernel.origins)
+                            product(self.kernel.r_ranges), self.kernel.kind, self.persistent, self.kernel.origins,
+                            scalar_args, self.kernel.device.type)
 
 
 def _needs_int64(kernel: FusedKernel, buffers: dict[str, Buffer], size_hint) -> bool:

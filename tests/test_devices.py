@@ -1,0 +1,154 @@
+"""Graphs that mix devices: CPU scalars in GPU kernels, CPU kernels in GPU graphs, index tensors
+on the CPU (lowering/devices.py, ir/devices.py).
+
+Without a GPU, graphs are traced with fake CUDA tensors and compiled up to the wrapper (Triton
+compiles a GPU kernel only at its first launch); the generated GPU kernels then run in Triton's
+interpreter on CPU tensors, which checks their values. With a GPU the same programs run for real.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torchfuse
+from conftest import assert_close, compile_strict
+from torchfuse.codegen.triton.kernel import render_kernel
+from torchfuse.diagnostics.report import report
+from torchfuse.ir.expr import Const, Load, Op
+from torchfuse.ir.graph import Buffer, Pointwise
+from torchfuse.lowering.devices import check_one_device, place_on_one_device
+from torchfuse.lowering.driver import lower
+from torchfuse.options import Options
+from torchfuse.pipeline import compile_graph
+from torchfuse.runtime.cpp_build import compiler_available
+from torchfuse.runtime.kernel_cache import load_kernel
+from torchfuse.runtime.launch import Launcher
+from torchfuse.scheduler.schedule import schedule
+
+
+def scaled_rows(x, s):
+    """A GPU reduction and epilogue reading a CPU scalar twice."""
+    return (x * s).sum(-1) + s
+
+
+def cpu_then_cuda(x, s, n):
+    """Values computed on the CPU (from a CPU scalar) before moving to the GPU."""
+    ramp = (torch.arange(x.shape[-1]) * s + n).to(x.device)
+    return x * ramp, ramp.sum()
+
+
+def _fake_cuda_graph(fn, *specs):
+    """``fn`` traced with fake tensors: each spec is (shape, dtype, device)."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fakes = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in specs]
+    return make_fx(fn, tracing_mode="fake")(*fakes), fakes
+
+
+def test_cpu_scalar_is_a_kernel_argument_and_no_kernel_mixes_devices():
+    gm, fakes = _fake_cuda_graph(cpu_then_cuda, ((8, 16), torch.float32, "cuda"), ((), torch.float32, "cpu"),
+                                 ((), torch.int64, "cpu"))
+    compile_graph(gm, fakes, "inference", Options(strict=True))
+    graph = report().graphs[-1]
+    assert graph.target == "triton" and not graph.error
+    notes = "\n".join(graph.device_notes)
+    if compiler_available():
+        assert "runs on the CPU (C++)" in notes  # the ramp kernel, over CPU tensors
+        cpu_kernels = [k for k in graph.kernels if k.source and 'extern "C"' in k.source]
+        assert len(cpu_kernels) == 1 and "arange" in " ".join(cpu_kernels[0].ops)
+    # The GPU kernels read no CPU memory: the ramp reaches them through ATen's copy.
+    assert "_to_copy" in graph.wrapper_source
+    assert str(report()).count("devices:") == len(graph.device_notes)
+
+
+def test_scalar_argument_kernel_computes_eagers_values():
+    """The GPU kernel that reads a CPU scalar, run in Triton's interpreter on CPU tensors."""
+    gm, _ = _fake_cuda_graph(scaled_rows, ((37, 300), torch.bfloat16, "cuda"), ((), torch.float32, "cpu"))
+    graph = lower(gm, "g")
+    assert place_on_one_device(graph) == []  # a scalar needs no copy
+    plan = schedule(graph)
+    check_one_device(plan.kernels, graph.buffers)
+    (kernel,) = plan.kernels
+    rendered = render_kernel(kernel, graph.buffers, lambda e: int(e))
+    assert rendered.scalar_args == ["s_1"] and "s_1" not in rendered.pointer_args
+    assert "tl.full([1, 1], scalar0, tl.float32)" in rendered.source
+
+    x = torch.randn(37, 300).bfloat16()
+    s = torch.tensor(0.37)
+    outputs = {name: torch.empty(graph.buffers[name].shape, dtype=graph.buffers[name].dtype)
+               for name in rendered.pointer_args if name not in ("x_1",)}
+    args = [x if name == "x_1" else outputs[name] for name in rendered.pointer_args] + [s.item()]
+    launcher = Launcher(load_kernel(rendered.source, rendered.name, interpret=True), "reduction", rendered.persistent)
+    launcher(37, 300, *args)
+    (result,) = outputs.values()
+    assert_close(result, scaled_rows(x, s), reference=scaled_rows(x.double(), s.double()))
+
+
+def _gpu_gather_with_cpu_index():
+    """x[i] * 2 with x on the GPU and i on the CPU, as lowering gives it: a gathered load of x
+    whose row index is read from i. Built by hand: fake CUDA indexing needs a CUDA build."""
+    gm, _ = _fake_cuda_graph(lambda x, i: x * 2, ((8, 4), torch.float32, "cuda"), ((3,), torch.int64, "cpu"))
+    graph = lower(gm, "g")
+    node = graph.nodes[-1]
+    index = Load(torch.int64, "i_1", (node.vars[0],))
+    body = Op(torch.float32, "mul", (Load(torch.float32, "x_1", (index, node.vars[1])), Const(torch.float32, 2.0)))
+    graph.nodes[-1] = Pointwise(node.name, (3, 4), node.dtype, node.device, body, "aten.index.Tensor")
+    graph.buffers[node.name] = Buffer.contiguous(node.name, (3, 4), node.dtype, node.device)
+    return graph
+
+
+def test_cpu_index_tensor_of_a_gpu_gather_is_copied_to_the_gpu():
+    graph = _gpu_gather_with_cpu_index()
+    notes = place_on_one_device(graph)
+    assert len(notes) == 1 and "i_1 (cpu) copied to cuda" in notes[0]
+    plan = schedule(graph)
+    check_one_device(plan.kernels, graph.buffers)
+    (kernel,) = plan.kernels
+    assert "i_1_cuda" in render_kernel(kernel, graph.buffers).pointer_args
+
+
+def test_check_one_device_refuses_a_kernel_that_reads_another_devices_memory():
+    graph = _gpu_gather_with_cpu_index()
+    plan = schedule(graph)  # without place_on_one_device: the kernel reads i_1 on the CPU
+    with pytest.raises(RuntimeError, match="touches i_1 on cpu"):
+        check_one_device(plan.kernels, graph.buffers)
+
+
+def test_scheduler_never_fuses_or_inlines_across_devices():
+    gm, _ = _fake_cuda_graph(lambda x, s: ((s * 3).to(x.device) + x, (s * 3) + 1),
+                             ((), torch.float32, "cuda"), ((), torch.float32, "cpu"))
+    graph = lower(gm, "g")
+    place_on_one_device(graph)
+    plan = schedule(graph)
+    check_one_device(plan.kernels, graph.buffers)
+    devices = {k.name: k.device.type for k in plan.kernels}
+    assert sorted(devices.values()) == ["cpu", "cuda"], devices
+
+
+# -- on a GPU -------------------------------------------------------------------------------------
+def _cuda_cases():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 300, generator=gen)
+    return {
+        "scalar float32": (scaled_rows, (x.cuda().bfloat16(), torch.tensor(0.3))),
+        "scalar int64 and bool": (lambda x, n, b: torch.where(b, x * n, x - n),
+                                  (x.cuda(), torch.tensor(3), torch.tensor(True))),
+        "scalar float64 (copied)": (lambda x, s: x * s, (x.cuda(), torch.tensor(0.1, dtype=torch.float64))),
+        "cpu kernel then copy": (cpu_then_cuda, (x.cuda(), torch.tensor(0.5), torch.tensor(2))),
+        "cpu index tensor": (lambda x, i: x[i] * 2, (x.cuda(), torch.tensor([3, 0, 63, 5]))),
+        "cuda tensors from cpu inputs": (lambda s: torch.ones(5, device="cuda") * s, (torch.tensor(1.5),)),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(_cuda_cases()) if torch.cuda.is_available() else ["no cuda"])
+def test_mixed_device_graphs_match_eager_on_the_gpu(case):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    fn, args = _cuda_cases()[case]
+    got, want = compile_strict(fn)(*args), fn(*args)
+    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        assert g.device == w.device
+        torch.testing.assert_close(g, w, rtol=1e-2, atol=1e-2)
+    assert not any(g.error for g in torchfuse.report().graphs)
