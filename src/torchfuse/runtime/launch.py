@@ -1,23 +1,44 @@
-"""Launch generated kernels: grid and block sizes are chosen here, from the real sizes.
+"""Launch generated Triton kernels: block sizes from the real sizes, and a direct path to the binary.
 
-Block sizes are ``tl.constexpr``: the kernel source stays the same for every shape, and
-Triton compiles one binary per distinct block size it is launched with.
+Block sizes are ``tl.constexpr``: the kernel source stays the same for every shape, and Triton
+compiles one binary per distinct block size it is launched with.
+
+Launch cost matters as much as kernel time on real models (a GPT-2 step launches ~120 kernels
+of a few microseconds each). Triton's ``JITFunction.run`` binds arguments, computes a
+specialization key, checks globals and builds launch metadata on every call. ``Launcher``
+does that once per *specialization* (argument dtypes, 16-byte alignment of pointers, the
+integer classes Triton specializes on, block sizes): the first call of a specialization goes
+through Triton (compiling if needed) and keeps the ``CompiledKernel``; later calls hand the
+arguments straight to the compiled binary's C launcher.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
 
 MAX_POINTWISE_BLOCK = 1024
 MAX_PERSISTENT_TILE = 4096  # elements of one [XBLOCK, RBLOCK] tile held in registers
 LOOPED_RBLOCK = 1024
 
-# Launches hold this lock. Triton's interpreter (kernels on CPU tensors) patches triton.language
-# for the duration of a launch and restores it afterwards: two threads interpreting at once
-# restored each other's patches, and a GPU kernel compiled meanwhile (a first launch compiles)
-# saw the patched module and failed ("'ir.value' object has no attribute 'data'", found on an
-# H200 when one test interpreted from four threads). Uncontended, it costs well under a microsecond.
+# Launches through Triton hold this lock. Triton's interpreter (kernels on CPU tensors) patches
+# triton.language for the duration of a launch and restores it afterwards: two threads
+# interpreting at once restored each other's patches, and a GPU kernel compiled meanwhile (a
+# first launch compiles) saw the patched module and failed ("'ir.value' object has no attribute
+# 'data'", found on an H200 when one test interpreted from four threads). Direct launches of a
+# compiled binary touch neither, and take no lock.
 _launch_lock = threading.RLock()
+
+
+@dataclass
+class LaunchStats:
+    direct: int = 0  # launches handed straight to a compiled binary
+    through_triton: int = 0  # launches through JITFunction.run (first of a specialization, interpreter)
+
+
+stats = LaunchStats()
 
 
 def next_power_of_2(n: int) -> int:
@@ -28,24 +49,131 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def launch_pointwise(kernel: Any, xnumel: int, *args: Any) -> None:
-    if xnumel <= 0:
-        return
+@dataclass(frozen=True)
+class Config:
+    """One launch's grid and compile-time block sizes."""
+
+    grid: int
+    constexprs: tuple[int, ...]  # XBLOCK (and RBLOCK), in the kernel's parameter order
+    num_warps: int
+
+
+def pointwise_config(xnumel: int) -> Config:
     block = min(MAX_POINTWISE_BLOCK, max(16, next_power_of_2(xnumel)))
-    warps = 4 if block >= 256 else 2
-    with _launch_lock:
-        kernel[(cdiv(xnumel, block),)](*args, xnumel, XBLOCK=block, num_warps=warps)
+    return Config(cdiv(xnumel, block), (block,), 4 if block >= 256 else 2)
 
 
-def launch_reduction(kernel: Any, persistent: bool, xnumel: int, rnumel: int, *args: Any) -> None:
-    if xnumel <= 0:
-        return
+def reduction_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
     if persistent:
         rblock = max(2, next_power_of_2(rnumel))
         xblock = max(1, min(next_power_of_2(xnumel), MAX_PERSISTENT_TILE // rblock, 64))
     else:
         rblock = min(LOOPED_RBLOCK, max(2, next_power_of_2(rnumel)))
         xblock = 1
-    warps = 8 if rblock * xblock >= 2048 else 4
-    with _launch_lock:
-        kernel[(cdiv(xnumel, xblock),)](*args, xnumel, rnumel, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
+    return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 2048 else 4)
+
+
+class Launcher:
+    """One Triton kernel, launched with its compiled binary once a specialization is known.
+
+    Args:
+        fn: the ``triton.jit`` function (or the interpreter's, for CPU tensors).
+        kind: "pointwise" or "reduction".
+        persistent: a reduction that holds its whole row in one tile.
+    """
+
+    def __init__(self, fn: Any, kind: str, persistent: bool = False, direct: bool | None = None,
+                 current_stream: Callable[[], int] | None = None) -> None:
+        self.fn = fn
+        self.kind = kind
+        self.persistent = persistent
+        # (xnumel, rnumel, specialization of each argument) -> a direct launch of the binary
+        self.binaries: dict[tuple, Callable[..., None]] = {}
+        self.direct = _direct_launch_supported(fn) if direct is None else direct
+        self.current_stream = current_stream  # None: the current CUDA stream (tests pass their own)
+        self.knobs = _runtime_knobs() if self.direct else None
+
+    def __call__(self, xnumel: int, rnumel: int, *args: Any) -> None:
+        """Launch over ``xnumel`` rows (of ``rnumel`` reduced elements) with the kernel's
+        pointer, scalar and size arguments."""
+        if xnumel <= 0:
+            return
+        key = None
+        if self.direct and _launch_hooks_off(self.knobs):
+            key = (xnumel, rnumel, *[_specialization(a) for a in args])
+            launch = self.binaries.get(key)
+            if launch is not None:
+                stats.direct += 1
+                launch(*args)
+                return
+        config = self.config(xnumel, rnumel)
+        numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
+        names = ("XBLOCK", "RBLOCK")[:len(config.constexprs)]
+        with _launch_lock:
+            stats.through_triton += 1
+            compiled = self.fn[(config.grid,)](*args, *numels, **dict(zip(names, config.constexprs)),
+                                               num_warps=config.num_warps)
+        if key is not None and compiled is not None:
+            stream = self.current_stream or _current_cuda_stream()
+            self.binaries[key] = _binary_launch(compiled, config.grid, (*numels, *config.constexprs), stream)
+
+    def config(self, xnumel: int, rnumel: int) -> Config:
+        if self.kind == "pointwise":
+            return pointwise_config(xnumel)
+        return reduction_config(self.persistent, xnumel, rnumel)
+
+
+def _specialization(arg: Any) -> Any:
+    """What Triton specializes a kernel on for this argument (a finer key is safe; a coarser
+    one would launch a binary compiled for other arguments)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() & 15 == 0
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        # Triton makes 1 a constant, marks multiples of 16, and picks i32 or i64 by range.
+        return arg == 1, arg & 15 == 0, -2**31 <= arg < 2**31
+    return type(arg)
+
+
+def _direct_launch_supported(fn: Any) -> bool:
+    """Direct launches need a GPU kernel (not the interpreter's) and Triton's launcher calling
+    convention of 3.4 and later: (grid, stream, function, packed metadata, launch metadata,
+    enter hook, exit hook, every parameter including constexprs)."""
+    try:
+        import triton
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return False
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    return isinstance(fn, JITFunction) and version >= (3, 4)
+
+
+def _runtime_knobs() -> Any:
+    from triton import knobs
+
+    return knobs.runtime
+
+
+def _launch_hooks_off(knobs: Any) -> bool:
+    """Triton's launch hooks (Proton, for one) want its launch metadata: go through Triton then.
+    A hook is None (Triton 3.4-3.6) or a chain of callables, empty when none is set (later)."""
+    return all(hook is None or not getattr(hook, "calls", True)
+               for hook in (knobs.launch_enter_hook, knobs.launch_exit_hook))
+
+
+def _current_cuda_stream() -> Callable[[], int]:
+    """The raw current stream of the current device, as Triton's own launch path reads it."""
+    from triton.runtime.driver import driver
+
+    stream_of, device_of = driver.active.get_current_stream, driver.active.get_current_device
+    return lambda: stream_of(device_of())
+
+
+def _binary_launch(compiled: Any, grid: int, tail: tuple[int, ...], stream: Callable[[], int]) -> Callable[..., None]:
+    """Launch ``compiled`` on the current stream, without Triton's Python layer: ``tail`` holds
+    the numels and block sizes, fixed for this specialization."""
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+
+    def launch(*args: Any) -> None:
+        run(grid, 1, 1, stream(), function, metadata, None, None, None, *args, *tail)
+
+    return launch

@@ -145,7 +145,9 @@ class WrapperWriter:
                     self.allocated_here.add(member.node.name)
                 else:
                     self._allocate(self.graph.buffers[member.node.name])
-        args = compiled.pointer_args + [s.name for s in compiled.size_args]
+        # CPU scalars a GPU kernel reads are passed by value (ir/devices.py), as eager does.
+        scalars = [f"{name}.item()" for name in getattr(compiled, "scalar_args", ())]
+        args = compiled.pointer_args + scalars + [s.name for s in compiled.size_args]
         fn = self._const(compiled, "kernel")
         self.emit(f"# {kernel.name}: {', '.join(kernel.origins)}")
         if isinstance(compiled, CppKernel):
@@ -154,10 +156,9 @@ class WrapperWriter:
             pointers = [f"{name}.data_ptr()" for name in compiled.pointer_args]
             sizes = [s.name for s in compiled.size_args]
             self.emit(f"{fn}({', '.join(pointers + sizes + ['threads'])})")
-        elif compiled.kind == "reduction":
-            self.emit(f"launch_reduction({fn}.launcher, {compiled.persistent}, {py(compiled.xnumel)}, {py(compiled.rnumel)}, {', '.join(args)})")
-        else:
-            self.emit(f"launch_pointwise({fn}.launcher, {py(compiled.xnumel)}, {', '.join(args)})")
+        else:  # a runtime.launch.Launcher: (xnumel, rnumel, arguments)
+            rnumel = py(compiled.rnumel) if compiled.kind == "reduction" else "0"
+            self.emit(f"{fn}({py(compiled.xnumel)}, {rnumel}, {', '.join(args)})")
 
     def _in_place_source(self, compiled, name: str, step: int, last_use: dict[str, int]) -> str | None:
         """A dead input the kernel may overwrite to produce ``name`` (C++ kernels only): one
@@ -269,24 +270,18 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
                  launchers: dict[str, Any], graph_name: str):
     """Execute a wrapper's source with the objects it names: ``constants`` from its writer
     (kernels become their launchers), the graph's tensor constants by buffer name."""
-    from torchfuse.runtime.launch import launch_pointwise, launch_reduction
+    from torchfuse.runtime.launch import Launcher
 
     namespace: dict[str, Any] = {
         "empty_strided": torch.empty_strided, "as_strided": torch.as_strided, "ensure_layout": ensure_layout,
-        "launch_pointwise": launch_pointwise, "launch_reduction": launch_reduction, "max": max, "min": min,
-        "get_num_threads": torch.get_num_threads,
+        "max": max, "min": min, "get_num_threads": torch.get_num_threads,
     }
     namespace.update(tensor_constants)  # lifted tensor constants, by buffer name
     for name, value in constants.items():
         if isinstance(value, TritonKernel):
-            value = _Launchable(launchers[value.name])
+            value = Launcher(launchers[value.name], value.kind, value.persistent)
         elif isinstance(value, CppKernel):
             value = launchers[value.name]  # the ctypes function
         namespace[name] = value
     exec(compile(source, f"<torchfuse wrapper {graph_name}>", "exec"), namespace)
     return namespace["call"]
-
-
-class _Launchable:
-    def __init__(self, launcher: Any) -> None:
-        self.launcher = launcher

@@ -1,0 +1,103 @@
+"""The Triton launch path (runtime/launch.py): block sizes from sizes, and direct launches of a
+compiled binary once per specialization. The binding logic runs here against a stand-in for
+Triton's JIT function; the GPU test runs the real thing."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from conftest import compile_strict
+from torchfuse.runtime import launch
+from torchfuse.runtime.launch import Launcher, pointwise_config, reduction_config
+
+
+@dataclass
+class FakeCompiled:
+    """What Triton's CompiledKernel exposes to a launcher."""
+
+    calls: list = field(default_factory=list)
+    function: int = 1234
+    packed_metadata: tuple = ("meta",)
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+class FakeJit:
+    """Stands in for ``triton.jit`` output: ``fn[grid](*args, **kw)`` launches and returns the binary."""
+
+    def __init__(self) -> None:
+        self.launches: list = []
+        self.compiled: list[FakeCompiled] = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.launches.append((grid, args, kwargs))
+            self.compiled.append(FakeCompiled())
+            return self.compiled[-1]
+        return run
+
+
+def test_block_sizes_follow_the_sizes():
+    assert pointwise_config(5) == launch.Config(1, (16,), 2)
+    assert pointwise_config(100_000) == launch.Config(98, (1024,), 4)
+    assert reduction_config(True, 1000, 300) == launch.Config(125, (8, 512), 8)
+    assert reduction_config(False, 7, 50_000) == launch.Config(7, (1, 1024), 4)
+
+
+def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary():
+    fn = FakeJit()
+    launcher = Launcher(fn, "reduction", persistent=True, direct=True, current_stream=lambda: 77)
+    x, out = torch.zeros(64), torch.zeros(8)
+    before = launch.stats.direct
+    launcher(8, 8, x, out, 3)
+    assert len(fn.launches) == 1 and fn.launches[0][1] == (x, out, 3, 8, 8)
+    assert fn.launches[0][2] == {"XBLOCK": 8, "RBLOCK": 8, "num_warps": 4}
+    launcher(8, 8, x, out, 5)  # another int of the same class: the same binary
+    assert len(fn.launches) == 1 and launch.stats.direct == before + 1
+    assert fn.compiled[0].calls == [(1, 1, 1, 77, 1234, ("meta",), None, None, None, x, out, 5, 8, 8, 8, 8)]
+
+
+@pytest.mark.parametrize("change", ["misaligned pointer", "other dtype", "int 1", "multiple of 16", "other size"])
+def test_a_new_specialization_compiles_its_own_binary(change):
+    fn = FakeJit()
+    launcher = Launcher(fn, "pointwise", direct=True, current_stream=lambda: 0)
+    x = torch.zeros(64)
+    launcher(32, 0, x[:32], 3)
+    args = {"misaligned pointer": (32, 0, x[1:33], 3), "other dtype": (32, 0, x[:32].double(), 3),
+            "int 1": (32, 0, x[:32], 1), "multiple of 16": (32, 0, x[:32], 48), "other size": (33, 0, x[:33], 3)}[change]
+    launcher(*args)
+    assert len(fn.launches) == 2, change
+    launcher(*args)
+    assert len(fn.launches) == 2 and len(fn.compiled[1].calls) == 1
+
+
+def test_empty_launches_do_nothing_and_the_interpreter_always_goes_through_triton():
+    fn = FakeJit()
+    Launcher(fn, "pointwise", direct=True)(0, 0, torch.zeros(0))
+    assert fn.launches == []
+    interpreted = Launcher(fn, "pointwise")  # not a triton.jit function: no direct path
+    assert not interpreted.direct
+    for _ in range(2):
+        interpreted(4, 0, torch.zeros(4))
+    assert len(fn.launches) == 2
+
+
+@pytest.mark.gpu
+def test_gpu_launches_go_straight_to_the_binary_and_match_eager():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    fn = lambda x, y: (torch.sigmoid(x) * y).sum(-1)  # noqa: E731
+    compiled = compile_strict(fn)
+    x, y = torch.randn(300, 500, device="cuda"), torch.randn(500, device="cuda")
+    first = compiled(x, y)
+    before = launch.stats.direct
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, y), first, rtol=0, atol=0)
+    assert launch.stats.direct >= before + 3
+    # A misaligned view gets its own binary, compiled without the alignment assumption.
+    big = torch.randn(300 * 500 + 1, device="cuda")
+    shifted = big[1:].view(300, 500)
+    torch.testing.assert_close(compiled(shifted, y), fn(shifted, y))
