@@ -1,0 +1,84 @@
+"""Profile whole-model GPU steps: eager, Inductor and torchfuse in one process (bench/profile.py).
+
+    python3 scripts/gpu_profile.py --cases gpt2_infer,llama_stack_infer --out $OUT/profile
+
+Per case and backend: wall ms per step, summed GPU kernel ms, wall/GPU, kernel launches, host ms
+to issue the step and host microseconds per launch; then torchfuse's top kernels. Prints a table
+and writes profile.json. torchfuse's launch counters say how many launches went straight to a
+compiled binary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+
+import torch  # noqa: E402
+
+from torchfuse.bench.cases import select  # noqa: E402
+from torchfuse.bench.compile_time import compiler_for, use_fresh_caches, warm_up_compilers  # noqa: E402
+from torchfuse.bench.profile import format_profiles, profile_step  # noqa: E402
+from torchfuse.runtime import launch  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="", help="comma-separated model case names (default: all GPU models)")
+    parser.add_argument("--backends", default="eager,inductor,torchfuse")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default="out/profile")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    use_fresh_caches()
+    device = torch.device("cuda")
+    backends = args.backends.split(",")
+    warm_up_compilers(backends, device)
+    rows, tops, failures = [], {}, {}
+    for case in select("models", device, set(filter(None, args.cases.split(","))) or None):
+        if case.missing():
+            continue
+        workload = case.build(device, args.quick)
+        for backend in backends:
+            try:
+                step = workload.make_step(compiler_for(backend))
+                for _ in range(3):  # compile and settle: nothing compiles while profiling
+                    step()
+                before = (launch.stats.direct, launch.stats.through_triton)
+                profile = profile_step(step, args.steps)
+                rows.append((case.name, backend, profile))
+                if backend == "torchfuse":
+                    direct = launch.stats.direct - before[0]
+                    through = launch.stats.through_triton - before[1]
+                    tops[case.name] = {"top": [asdict(k) for k in profile.top], "direct": direct,
+                                       "through_triton": through}
+            except Exception as exc:  # noqa: BLE001 - one backend failing must not end the run
+                traceback.print_exc()
+                failures[f"{case.name}/{backend}"] = f"{type(exc).__name__}: {exc}"[:300]
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps({
+        "rows": [{"case": c, "backend": b, **asdict(p), "host_us_per_launch": p.host_us_per_launch}
+                 for c, b, p in rows], "torchfuse_top": tops, "failures": failures}, indent=1))
+    for case, info in tops.items():
+        print(f"\n{case}: torchfuse launches direct {info['direct']}, through Triton {info['through_triton']}")
+        for kernel in info["top"][:5]:
+            print(f"  {kernel['ms']:8.3f} ms  x{kernel['calls']:.0f}  {kernel['name']}")
+    for name, failure in failures.items():
+        print(f"FAILED {name}: {failure}")
+    print()
+    print(format_profiles(rows))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
