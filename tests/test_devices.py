@@ -126,6 +126,43 @@ def test_scheduler_never_fuses_or_inlines_across_devices():
     assert sorted(devices.values()) == ["cpu", "cuda"], devices
 
 
+def size_scale(x, s):
+    """What decompositions make of sizes inside GPU graphs: 0-d CPU tensors (scalar_tensor has no
+    device argument), float64 in between, then a float32 scale applied on the GPU."""
+    n = torch.ops.aten.scalar_tensor.default(7).to(torch.float64)
+    scale = (n / (n * 2.0 + s)).to(torch.float32)
+    return x * scale
+
+
+def test_a_cpu_value_computed_from_scalars_is_recomputed_in_the_gpu_kernel():
+    gm, fakes = _fake_cuda_graph(size_scale, ((8, 16), torch.float32, "cuda"), ((), torch.float32, "cpu"))
+    graph = lower(gm, "g")
+    place_on_one_device(graph)
+    plan = schedule(graph)
+    check_one_device(plan.kernels, graph.buffers)
+    (kernel,) = plan.kernels  # no CPU kernel: the float64 chain runs inside the GPU kernel
+    assert kernel.device.type == "cuda"
+    rendered = render_kernel(kernel, graph.buffers, lambda e: int(e))
+    assert rendered.scalar_args == ["s_1"] and rendered.pointer_args == ["x_1", kernel.members[-1].node.name]
+    x, s = torch.randn(8, 16), torch.tensor(0.25)
+    out = torch.empty(8, 16)
+    Launcher(load_kernel(rendered.source, rendered.name, interpret=True), "pointwise")(128, 0, x, out, s.item())
+    assert_close(out, size_scale(x, s), reference=size_scale(x.double(), s.double()))
+
+
+def test_a_cpu_value_that_reads_cpu_memory_is_stored_by_a_cpu_kernel():
+    """Here the chain reads a float64 CPU tensor, which no kernel scalar can carry exactly."""
+    gm, fakes = _fake_cuda_graph(lambda x, d: x * (d * 3).to(torch.float32),
+                                 ((8, 16), torch.float32, "cuda"), ((), torch.float64, "cpu"))
+    graph = lower(gm, "g")
+    place_on_one_device(graph)
+    plan = schedule(graph)
+    check_one_device(plan.kernels, graph.buffers)
+    assert sorted(k.device.type for k in plan.kernels) == ["cpu", "cuda"]
+    gpu = next(k for k in plan.kernels if k.device.type == "cuda")
+    assert len(render_kernel(gpu, graph.buffers).scalar_args) == 1  # the CPU kernel's float32 result
+
+
 # -- on a GPU -------------------------------------------------------------------------------------
 def _cuda_cases():
     gen = torch.Generator().manual_seed(0)
@@ -138,6 +175,7 @@ def _cuda_cases():
         "cpu kernel then copy": (cpu_then_cuda, (x.cuda(), torch.tensor(0.5), torch.tensor(2))),
         "cpu index tensor": (lambda x, i: x[i] * 2, (x.cuda(), torch.tensor([3, 0, 63, 5]))),
         "cuda tensors from cpu inputs": (lambda s: torch.ones(5, device="cuda") * s, (torch.tensor(1.5),)),
+        "cpu float64 chain from sizes": (size_scale, (x.cuda(), torch.tensor(0.25))),
     }
 
 
@@ -148,7 +186,9 @@ def test_mixed_device_graphs_match_eager_on_the_gpu(case):
         pytest.skip("needs CUDA")
     fn, args = _cuda_cases()[case]
     got, want = compile_strict(fn)(*args), fn(*args)
-    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+    ref = fn(*[a.double() if a.is_floating_point() else a for a in args])
+    leaves = torch.utils._pytree.tree_leaves
+    for g, w, r in zip(leaves(got), leaves(want), leaves(ref)):
         assert g.device == w.device
-        torch.testing.assert_close(g, w, rtol=1e-2, atol=1e-2)
+        assert_close(g, w, reference=r)
     assert not any(g.error for g in torchfuse.report().graphs)

@@ -18,6 +18,7 @@ from torchfuse.scheduler import placement as placing
 from torchfuse.scheduler import policy
 from torchfuse.scheduler.bodies import inline_producers
 from torchfuse.scheduler.decisions import FusionDecision
+from torchfuse.scheduler.devices import may_inline_across, travels_as_value
 from torchfuse.scheduler.in_place import store_mutations_in_place
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel, KernelMember, ScheduledItem
 
@@ -93,12 +94,29 @@ class _SchedulerState:
                 is_output=node.name in outputs,
                 read_by_extern=any(r not in self.nodes for r in direct.get(node.name, [])),
                 reader_count=len(readers),
-                read_on_other_device=any(r in self.nodes and self.nodes[r].device != node.device
+                read_on_other_device=any(r in self.nodes and not may_inline_across(node, self.nodes[r].device)
                                          for r in direct.get(node.name, [])),
             )
             if should_realize(node, ctx):
                 self.realized.add(node.name)
         self._store_shared_chains(effective)
+        self._store_values_that_cannot_travel(direct)
+
+    def _store_values_that_cannot_travel(self, direct: dict[str, list[str]]) -> None:
+        """Store each 0-d CPU value a GPU kernel reads that the kernel could not recompute from
+        scalar arguments (devices.travels_as_value); storing one can make another fail, so
+        repeat until nothing changes."""
+        changed = True
+        while changed:
+            changed = False
+            for node in self.graph.nodes:
+                if not isinstance(node, Pointwise) or node.name in self.realized:
+                    continue
+                devices = {self.nodes[r].device for r in direct.get(node.name, []) if r in self.nodes}
+                if any(not travels_as_value(node, d, self.inlinable, self.graph.buffers)
+                       for d in devices - {node.device}):
+                    self.realized.add(node.name)
+                    changed = True
 
     def _store_shared_chains(self, effective_readers: dict[str, set[str]]) -> None:
         """Store inlined chains that several readers would recompute from many buffers.
@@ -149,11 +167,11 @@ class _SchedulerState:
     def add_node(self, node: Pointwise | Reduction, worth_fusing) -> None:
         origins: set[str] = set()
 
-        def same_device_producer(name: str) -> Pointwise | None:
+        def producer_for_this_device(name: str) -> Pointwise | None:
             producer = self.inlinable(name)
-            return producer if producer is not None and producer.device == node.device else None
+            return producer if producer is not None and may_inline_across(producer, node.device) else None
 
-        own_body = inline_producers(node.body, same_device_producer, lambda p: origins.add(p.origin))
+        own_body = inline_producers(node.body, producer_for_this_device, lambda p: origins.add(p.origin))
         reads = {load.buffer for load in loads(own_body)}
         for kernel in self._candidates(reads):
             decision = self._try_join(node, own_body, reads, kernel, worth_fusing)
