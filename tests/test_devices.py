@@ -160,7 +160,11 @@ def test_a_cpu_value_that_reads_cpu_memory_is_stored_by_a_cpu_kernel():
     check_one_device(plan.kernels, graph.buffers)
     assert sorted(k.device.type for k in plan.kernels) == ["cpu", "cuda"]
     gpu = next(k for k in plan.kernels if k.device.type == "cuda")
-    assert len(render_kernel(gpu, graph.buffers).scalar_args) == 1  # the CPU kernel's float32 result
+    (value,) = render_kernel(gpu, graph.buffers).scalar_args  # the CPU kernel's float32 result
+    # The wrapper keeps that value alive until the GPU launch has read it.
+    compile_graph(gm, fakes, "inference", Options(strict=True))
+    source = report().graphs[-1].wrapper_source
+    assert f"{value}.item()" in source and source.index(f"{value}.item()") < source.index(f"del {value}")
 
 
 # -- on a GPU -------------------------------------------------------------------------------------

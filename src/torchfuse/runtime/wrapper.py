@@ -15,6 +15,8 @@ from torchfuse.codegen.cpp.kernel import CppKernel
 from torchfuse.codegen.triton.kernel import TritonKernel
 from torchfuse.codegen.triton.printer import print_index
 from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph
+from torchfuse.ir.symbols import contiguous_strides
+from torchfuse.runtime.launch import Launcher
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel
 from torchfuse.scheduler.schedule import Schedule
 
@@ -73,7 +75,11 @@ class WrapperWriter:
     def _last_uses(self) -> dict[str, int]:
         last: dict[str, int] = {}
         for step, item in enumerate(self.plan.items):
-            reads = item.node.reads() if isinstance(item, ExternKernel) else self.kernels[item.name].pointer_args
+            if isinstance(item, ExternKernel):
+                reads = item.node.reads()
+            else:  # pointers, and CPU scalars passed by value (read with .item() at the launch)
+                compiled = self.kernels[item.name]
+                reads = compiled.pointer_args + list(getattr(compiled, "scalar_args", ()))
             for name in reads:
                 last[name] = step
         return last
@@ -231,8 +237,6 @@ def _returns_fresh_tensors(target: Any) -> bool:
 
 
 def _contiguous(buffer: Buffer):
-    from torchfuse.ir.symbols import contiguous_strides
-
     return contiguous_strides(buffer.shape)
 
 
@@ -270,8 +274,6 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
                  launchers: dict[str, Any], graph_name: str):
     """Execute a wrapper's source with the objects it names: ``constants`` from its writer
     (kernels become their launchers), the graph's tensor constants by buffer name."""
-    from torchfuse.runtime.launch import Launcher
-
     namespace: dict[str, Any] = {
         "empty_strided": torch.empty_strided, "as_strided": torch.as_strided, "ensure_layout": ensure_layout,
         "max": max, "min": min, "get_num_threads": torch.get_num_threads,
