@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
-from torchfuse.bench import cases, measure
+from torchfuse.bench import cases, measure, models, output, runner
 from torchfuse.bench.runner import main
 
 
@@ -48,6 +49,74 @@ def test_gpu_models_are_not_selected_on_a_cpu():
     names = {c.name for c in cases.select("models", torch.device("cpu"))}
     assert names == {"mlp", "transformer_block", "convnet"}
     assert "resnet50_infer" in {c.name for c in cases.select("models", torch.device("cuda"))}
+
+
+def test_gpu_models_suite_spans_families_modes_and_precisions():
+    """Issue 14: at least 12 GPU models across families, inference and training steps."""
+    gpu = {c.name for c in cases.select("models", torch.device("cuda"))}
+    assert len(gpu) >= 12
+    assert {"mistral_train", "llama_hf_infer", "t5_train", "distilbert_infer", "mobilenetv3_train",
+            "convnext_tiny_infer", "swin_t_train", "resnet50_infer", "vit_b16_train"} <= gpu
+    assert any(n.endswith("_train") for n in gpu) and any(n.endswith("_infer") for n in gpu)
+
+
+@pytest.mark.parametrize("case", models.GPU_CASES, ids=lambda c: c.name)
+def test_gpu_model_quick_variants_build_and_run_eagerly_on_a_cpu(case):
+    """Each GPU case's tiny variant builds from a config (no download) and runs; its outputs line
+    up with its float64 reference, where it has one. Skipped, with why, without the library."""
+    if case.missing():
+        pytest.skip(f"needs {', '.join(case.missing())}")
+    workload = case.build(torch.device("cpu"), True)
+    out = measure.flat_tensors(workload.make_step(lambda fn: fn)())
+    assert out and all(torch.isfinite(t).all() for t in out)
+    if workload.reference is not None:
+        errors = runner.output_errors(out, workload.reference())
+        assert len(errors) == len(out) and all(math.isfinite(e) for e in errors)
+        assert errors[0] < 5e-2  # the logits, or a training step's loss
+
+
+def test_each_output_is_bounded_by_eagers_error_on_it():
+    """A gradient that is zero in exact arithmetic is noise in every backend: it may not fail a
+    correct compile, nor loosen the bound of the other outputs."""
+    result = runner.CaseResult("c", "models")
+    eager = [1e-3, 3e12, 0.2]  # the loss, a key bias's gradient (zero in exact arithmetic), a noisy one
+    runner._judge(result, {"eager": eager, "torchfuse": [1.5e-3, 5e12, 0.6]}, torch.bfloat16)
+    assert result.accurate("torchfuse") and result.error_ratio["torchfuse"] == pytest.approx(0.75)
+    runner._judge(result, {"eager": eager, "torchfuse": [2e-2, 3e12, 0.2]}, torch.bfloat16)
+    result.rel_err = {"eager": 3e12, "torchfuse": 3e12}
+    assert not result.accurate("torchfuse") and result.error_ratio["torchfuse"] == pytest.approx(4.0)
+    assert "outside its error bound" in result.problems()[0]
+
+
+def _mlp_case() -> cases.Case:
+    (case,) = cases.select("models", torch.device("cpu"), {"mlp"})
+    return case
+
+
+def test_bench_shows_graphs_torchfuse_ran_with_aten(monkeypatch):
+    """A graph torchfuse could not compile runs with ATen (a warning the bench silences): the row
+    must say so, and it counts as a problem (exit status 1)."""
+    from torchfuse import pipeline
+
+    def fail(state):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(pipeline, "STAGES", [("fail", fail)])
+    result = runner.run_case(_mlp_case(), ["eager", "torchfuse"], torch.device("cpu"), True, 1, lambda _: None)
+    assert result.tf_graphs == 1 and "injected failure" in result.tf_fallbacks[0]
+    assert output.torchfuse_status(result).startswith("ATEN 1/1")
+    assert "ran 1 of 1 graphs with ATen" in result.problems()[0]
+    assert "ATen" in output.markdown([result], {}, math.nan, 1, True).split("Problems:")[1]
+
+
+def test_a_case_that_cannot_be_built_is_a_failure_not_a_skip():
+    def build(device, quick):
+        raise ValueError("bad config")
+
+    case = cases.Case("broken", "models", ("cpu",), build)
+    result = runner.run_case(case, ["eager", "torchfuse"], torch.device("cpu"), True, 1, lambda _: None)
+    assert not result.skipped and "bad config" in result.errors["build"]
+    assert result.problems() and output.rows([result], math.nan)[1][0][-1] == "FAIL"
 
 
 def test_relative_error_never_accepts_nan():

@@ -1,15 +1,21 @@
-"""The models suite: small float32 models on a CPU, the issue's full-size models on a GPU.
+"""The models suite: small float32 models on a CPU, full-size models of many families on a GPU.
 
 Every model is built from code or a library config with random (seeded) weights: nothing is
-downloaded. Dropout is off so that backends compute the same function.
+downloaded. Dropout is off so that backends compute the same function. The GPU cases live by
+library: our own LLaMA here, transformers models in models_hf.py, torchvision and timm models in
+models_vision.py; ``GPU_CASES`` below lists them all, grouped by family.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchfuse.bench.cases import Case, Workload, inference_workload, training_workload
+from torchfuse.bench import models_hf, models_vision
+from torchfuse.bench.cases import Case, Workload, inference_workload
+from torchfuse.bench.models_common import checked_training, randomize_norms
 
 
 # -- CPU models ------------------------------------------------------------------------------------
@@ -57,17 +63,7 @@ class ConvNet(nn.Module):
         return self.head(self.features(x).mean((2, 3)))
 
 
-def randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Batch-norm running statistics away from their identity defaults (eval mode would hide bugs)."""
-    gen = torch.Generator().manual_seed(seed)
-    for module in model.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            module.running_mean.copy_(0.1 * torch.randn(module.num_features, generator=gen))
-            module.running_var.copy_(1 + 0.1 * torch.rand(module.num_features, generator=gen))
-    return model
-
-
-def _cpu_case(name: str, make: callable) -> Case:
+def _cpu_case(name: str, make: Callable) -> Case:
     def build(device: torch.device, quick: bool) -> Workload:
         batch = 2 if quick else 64
         torch.manual_seed(0)
@@ -102,81 +98,34 @@ def _llama_block_train(device: torch.device, quick: bool) -> Workload:
     model, x = make_llama_block(device, torch.bfloat16, "small" if quick else "bench")
     target = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(x)
     b, t, d = x.shape
-    return training_workload(model.train(), (x,), lambda out: F.mse_loss(out.float(), target.float()),
-                             torch.bfloat16, f"{b}x{t} tokens, dim {d}, bf16, fwd+bwd")
+    return checked_training(model.train(), (x,), lambda out: F.mse_loss(out.float(), target.float()),
+                            torch.bfloat16, f"{b}x{t} tokens, dim {d}, bf16, fwd+bwd")
 
 
-def _gpt2_infer(device: torch.device, quick: bool) -> Workload:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = GPT2Config(n_layer=2 if quick else 12, n_embd=768, n_head=12, resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(cfg).to(device=device, dtype=torch.bfloat16).eval()
-    batch, seq = (2, 64) if quick else (8, 512)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)).to(device)
-    return inference_workload(model, (ids,), torch.bfloat16, f"GPT-2 small, {batch}x{seq} tokens, bf16",
-                              reference=False)
+def _case(name: str, build: Callable[[torch.device, bool], Workload], requires: tuple[str, ...] = ()) -> Case:
+    return Case(name, "models", ("cuda",), build, requires=requires)
 
 
-def _bert_mlm_train(device: torch.device, quick: bool) -> Workload:
-    from transformers import BertConfig, BertForMaskedLM
-
-    cfg = BertConfig(num_hidden_layers=2 if quick else 12, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    model = BertForMaskedLM(cfg).to(device).train()
-    batch, seq = (2, 64) if quick else (16, 512)
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
-    labels = torch.where(torch.rand(batch, seq, generator=gen) < 0.15,
-                         torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen), -100).to(device)
-
-    class WithLabels(nn.Module):  # one tensor in, the loss out: what torch.compile sees
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = model
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.inner(input_ids=ids, labels=labels).loss
-
-    return training_workload(WithLabels(), (ids,), lambda loss: loss, torch.float32,
-                             f"BERT-base MLM, {batch}x{seq} tokens, autocast bf16, fwd+bwd", autocast=torch.bfloat16)
-
-
-def _resnet50_infer(device: torch.device, quick: bool) -> Workload:
-    import torchvision
-
-    torch.manual_seed(0)
-    model = randomize_norms(torchvision.models.resnet50()).eval()
-    model = model.to(device=device, dtype=torch.bfloat16, memory_format=torch.channels_last)
-    batch = 2 if quick else 64
-    x = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(0))
-    x = x.to(device=device, dtype=torch.bfloat16, memory_format=torch.channels_last)
-    return inference_workload(model, (x,), torch.bfloat16, f"ResNet-50, batch {batch}, channels-last bf16",
-                              reference=False)
-
-
-def _vit_train(device: torch.device, quick: bool) -> Workload:
-    import torchvision
-
-    torch.manual_seed(0)
-    model = torchvision.models.vit_b_16(dropout=0.0, attention_dropout=0.0).to(device).train()
-    batch = 2 if quick else 32
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, 224, 224, generator=gen).to(device)
-    labels = torch.randint(0, 1000, (batch,), generator=gen).to(device)
-    return training_workload(model, (x,), lambda logits: F.cross_entropy(logits.float(), labels), torch.float32,
-                             f"ViT-B/16, batch {batch}, autocast bf16, fwd+bwd", autocast=torch.bfloat16)
-
-
+HF = ("transformers",)
 GPU_CASES = [
-    Case("llama_stack_infer", "models", ("cuda",), _llama_stack_infer),
-    Case("llama_block_train", "models", ("cuda",), _llama_block_train),
-    Case("gpt2_infer", "models", ("cuda",), _gpt2_infer, requires=("transformers",)),
-    Case("bert_mlm_train", "models", ("cuda",), _bert_mlm_train, requires=("transformers",)),
-    Case("resnet50_infer", "models", ("cuda",), _resnet50_infer, requires=("torchvision",)),
-    Case("vit_b16_train", "models", ("cuda",), _vit_train, requires=("torchvision",)),
+    # decoder LMs: RoPE, RMSNorm, SwiGLU; the transformers ones with grouped-query attention
+    _case("llama_stack_infer", _llama_stack_infer),
+    _case("llama_block_train", _llama_block_train),
+    _case("llama_hf_infer", models_hf.llama_hf_infer, HF),
+    _case("mistral_train", models_hf.mistral_train, HF),
+    _case("gpt2_infer", models_hf.gpt2_infer, HF),
+    # encoders and an encoder-decoder
+    _case("bert_mlm_train", models_hf.bert_mlm_train, HF),
+    _case("distilbert_infer", models_hf.distilbert_infer, HF),
+    _case("t5_train", models_hf.t5_train, HF),
+    # CNNs: bottlenecks, depthwise + squeeze-excitation, ConvNeXt
+    _case("resnet50_infer", models_vision.resnet50_infer, ("torchvision",)),
+    _case("mobilenetv3_train", models_vision.mobilenetv3_train, models_vision.TIMM),
+    _case("efficientnet_b0_infer", models_vision.efficientnet_b0_infer, models_vision.TIMM),
+    _case("convnext_tiny_infer", models_vision.convnext_tiny_infer, models_vision.TIMM),
+    # vision transformers: global attention, shifted windows
+    _case("vit_b16_train", models_vision.vit_b16_train, ("torchvision",)),
+    _case("swin_t_train", models_vision.swin_t_train, models_vision.TIMM),
 ]
 
 CASES = CPU_CASES + GPU_CASES

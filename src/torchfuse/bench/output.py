@@ -63,8 +63,9 @@ def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[li
               "peak MB e/i/t", "kernels e/i/t", "BW % copy i/t", "tf error", "ok"]
     table = []
     for r in results:
-        if r.skipped:
-            table.append([r.case, r.suite, f"skipped: {r.skipped}"] + [""] * (len(header) - 3))
+        if r.skipped or "build" in r.errors:
+            why = f"skipped: {r.skipped}" if r.skipped else f"FAILED to build: {r.errors['build']}"
+            table.append([r.case, r.suite, why[:120]] + [""] * (len(header) - 4) + ["" if r.skipped else "FAIL"])
             continue
         ms = [_fmt(r.ms.get(b), ".3f") if b not in r.errors else "fail" for b in ("eager", *COMPILED)]
         table.append([
@@ -74,9 +75,38 @@ def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[li
             "/".join(_fmt(r.kernels.get(b), "d") for b in ("eager", *COMPILED)),
             "/".join(_fmt(100 * r.bandwidth_fraction(b, copy_gbs), ".0f") for b in COMPILED),
             _fmt(r.rel_err.get("torchfuse"), ".1e") + ("" if r.error_against == "float64" else " vs eager"),
-            "ok" if r.accurate("torchfuse") else ("-" if "torchfuse" not in r.rel_err else "BAD"),
+            torchfuse_status(r),
         ])
     return header, table
+
+
+def torchfuse_status(r: CaseResult) -> str:
+    """The ok column: FAIL (raised), ATEN n/m (n of its m graphs ran with ATen), BAD (outside
+    the bound, with how far), unchecked (no reference), ok (with the worst output's share of its
+    bound), or - (torchfuse was not run)."""
+    if "torchfuse" in r.errors:
+        return "FAIL"
+    flags = [f"ATEN {len(r.tf_fallbacks)}/{r.tf_graphs}"] if r.tf_fallbacks else []
+    ratio = _fmt(r.error_ratio.get("torchfuse"), ".2f")
+    if "torchfuse" in r.rel_err:
+        flags.append(f"ok {ratio}" if r.accurate("torchfuse") else f"BAD {ratio}")
+    elif "torchfuse" in r.ms:
+        flags.append("unchecked")
+    return " ".join(flags) or "-"
+
+
+def problem_lines(results: list[CaseResult]) -> list[str]:
+    """Every failure, mismatch and ATen fallback of the run, one line each, for every backend."""
+    lines = []
+    for r in results:
+        backends = ["torchfuse", *(b for b in ("eager", "inductor") if b in r.errors or b in r.rel_err)]
+        seen = set()
+        for backend in backends:
+            for problem in r.problems(backend):
+                if problem not in seen:
+                    seen.add(problem)
+                    lines.append(f"{r.case}: {problem.splitlines()[0] if problem else ''}")
+    return lines
 
 
 def compile_rows(results: list[CaseResult]) -> tuple[list[str], list[list[str]]]:
@@ -85,7 +115,7 @@ def compile_rows(results: list[CaseResult]) -> tuple[list[str], list[list[str]]]
               "in backend warm s ind/tf", "tf warm/cold: whole, in backend"]
     table = []
     for r in results:
-        if r.skipped:
+        if r.skipped or "build" in r.errors:
             continue
         table.append([
             r.case,
@@ -107,7 +137,7 @@ def _ratio(warm: dict[str, float], cold: dict[str, float], backend: str = "torch
 def summary_lines(results: list[CaseResult], copy_gbs: float) -> list[str]:
     lines = []
     for suite in ("micro", "models"):
-        done = [r for r in results if r.suite == suite and not r.skipped]
+        done = [r for r in results if r.suite == suite and not r.skipped and "build" not in r.errors]
         if done:
             means = ", ".join(f"{b} {geomean([r.speedup(b) for r in done]):.2f}x" for b in COMPILED)
             lines.append(f"{suite}: geometric-mean speedup over eager: {means}")
@@ -137,11 +167,18 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
                   "not in it (torchfuse's Triton kernels compile at their first launch). A full "
                   "garbage collection runs before each timed first call. "
                   "peak MB: memory a call allocates beyond what was live before it. BW % copy: "
-                  "(inputs + outputs bytes) / time, against a device-to-device copy. err: relative "
-                  "Frobenius error of torchfuse's outputs against float64 (or eager where noted)."]
-    failures = [f"- {r.case} / {b}: {msg.splitlines()[0] if msg else ''}" for r in results for b, msg in r.errors.items()]
-    if failures:
-        lines += ["", "Failures:", *failures]
+                  "(inputs + outputs bytes) / time, against a device-to-device copy. tf error: the worst "
+                  "relative Frobenius error of torchfuse's outputs (a training step's outputs are the loss "
+                  "and every gradient) against float64 (or eager where noted); a gradient that is zero in "
+                  "exact arithmetic shows a huge one in every backend. ok: the worst output's error as a "
+                  "share of its bound (against float64: twice eager's error on that output, four times where "
+                  "eager's own passes 10%, at least the dtype's rounding noise; against eager: 3e-2 in "
+                  "bf16); BAD above 1; FAIL: torchfuse raised; "
+                  "ATEN n/m: n of the m graphs torchfuse compiled ran with ATen because it could not "
+                  "compile them."]
+    problems = problem_lines(results)
+    if problems:
+        lines += ["", "Problems:", *(f"- {line}" for line in problems)]
     return "\n".join(lines) + "\n"
 
 
@@ -159,6 +196,13 @@ def print_table(results: list[CaseResult], copy_gbs: float) -> None:
         console.print(rich_table)
     for line in summary_lines(results, copy_gbs):
         console.print(line)
+    problems = problem_lines(results)
+    if problems:
+        from rich.markup import escape
+
+        console.print("[red]Problems:[/red]")
+        for line in problems:  # messages quote shapes like [2, 3]: not markup
+            console.print(f"[red]- {escape(line)}[/red]", highlight=False)
 
 
 def bar_chart(results: list[CaseResult], path: Path) -> bool:
@@ -170,7 +214,7 @@ def bar_chart(results: list[CaseResult], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    done = [r for r in results if not r.skipped]
+    done = [r for r in results if not r.skipped and "build" not in r.errors]
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(done)), 4))
     width = 0.38
     for i, backend in enumerate(COMPILED):
