@@ -12,6 +12,7 @@ import copy
 import ctypes
 import math
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -482,6 +483,27 @@ def test_a_second_process_does_not_call_the_compiler(tmp_path):
     assert list(tmp_path.glob("cpp/*/*.so")) and not list(tmp_path.glob("cpp/*/*.tmp"))
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 levels")
+def test_instruction_set_is_a_setting_and_part_of_the_cache_key(monkeypatch):
+    source = PRELUDE + 'extern "C" void tf_twice(float* p, int64_t n, int t) { for (int64_t i = 0; i < n; ++i) p[i] *= 2; }\n'
+    x = torch.arange(100, dtype=torch.float32)
+    paths = set()
+    for level in ("native", "x86-64-v2", "x86-64"):
+        monkeypatch.setenv("TORCHFUSE_CPP_ARCH", level)
+        assert f"-march={level}" in cpp_build.compile_flags()
+        library = cpp_build.build(source, "twice")
+        library.function("tf_twice", 1, 1)(x.data_ptr(), x.numel(), 1)
+        paths.add(library.path)
+    assert len(paths) == 3 and torch.equal(x, torch.arange(100, dtype=torch.float32) * 8)
+    monkeypatch.setenv("TORCHFUSE_CXXFLAGS", "-mtune=generic")  # extra flags come last: they win
+    assert cpp_build.compile_flags()[-2:] == ("-march=x86-64", "-mtune=generic")
+    monkeypatch.delenv("TORCHFUSE_CPP_ARCH")
+    assert cpp_build.arch() == "native"
+    monkeypatch.setenv("TORCHFUSE_CPP_ARCH", "x86-64 -O0")
+    with pytest.raises(ValueError, match="TORCHFUSE_CPP_ARCH"):
+        cpp_build.compile_flags()
+
+
 def test_thread_count_follows_torch():
     x = floats((4096, 64), specials=())
     fn = compile_cpp(lambda x: (x.exp() * 2, x.sum(-1)))
@@ -614,13 +636,17 @@ def test_inner_loops_are_vectorized(tmp_path):
     # (The input is channels-last already: converting a graph input is a transpose, not vectorized.)
     y = floats((2, 16, 34, 34), specials=()).contiguous(memory_format=torch.channels_last)
     compile_cpp(lambda y, w: F.conv2d(F.max_pool2d(F.relu(F.conv2d(y, w)), 2), w))(y, floats((16, 16, 1, 1), seed=3))
+    # Five inputs and two outputs: pointers are not __restrict__, so GCC versions the loop with
+    # 11 alias checks, one more than its default limit (cpp_build.GCC_FLAGS raises it).
+    many = [floats((64, 1024), seed=4 + k, specials=()) for k in range(5)]
+    compile_cpp(lambda a, b, c, d, e: ((a * b + c) * (d - e), (a * b + c) + (d - e)))(*many)
     assert {"rows", "tiled"} <= set(strategies())
     # Kernel names restart in every graph: prefix them with the graph's name in one file.
     kernels = "".join(k.source.replace(f" {k.name}(", f" {g.name}_{k.name}(")
                       for g in torchfuse.report().graphs for k in g.generated_kernels)
     path = tmp_path / "k.cpp"
     path.write_text(PRELUDE + kernels)
-    command = [cpp_build.find_compiler(), *cpp_build.BASE_FLAGS, "-fopt-info-vec-optimized", str(path), "-o",
+    command = [cpp_build.find_compiler(), *cpp_build.compile_flags(), "-fopt-info-vec-optimized", str(path), "-o",
                str(tmp_path / "k.so"), *cpp_build.LINK_FLAGS]
     report = subprocess.run(command, capture_output=True, text=True, check=True).stderr
     vectorized = {int(line.split(":")[1]) for line in report.splitlines() if "loop vectorized" in line}

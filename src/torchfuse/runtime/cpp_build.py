@@ -6,12 +6,17 @@ compiler's identity (its resolved path, size and mtime, so that a second process
 to run the compiler, even for ``--version``) plus the CPU's model and flags (``-march=native``
 code must not run on another machine sharing the cache). Files are written to a temporary
 name and renamed, so concurrent processes never load half a library.
+
+The instruction set is ``-march=$TORCHFUSE_CPP_ARCH`` (default ``native``; e.g. ``x86-64``,
+``x86-64-v2``, ``x86-64-v3``, ``x86-64-v4``): CI builds the C++ tests for older levels too,
+since users' CPUs differ from ours (``arch()``, ``compile_flags()``).
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,13 +27,22 @@ from pathlib import Path
 
 from torchfuse.runtime.kernel_cache import cache_dir
 
-# -O3 -march=native: vectorize for this CPU. -fno-math-errno and -fno-trapping-math change
-# no result (we never read errno or FP exception flags) but let sqrt and selects vectorize.
-# -ffp-contract=off: no fused multiply-adds, so results round like eager's (an FMA turns
-# x*y - x*y into a nonzero value, and inf - inf into -inf). $TORCHFUSE_CXXFLAGS adds flags
-# (debugging: e.g. -fopt-info-vec); they are part of the cache key.
-BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
+# -O3 -march=<arch()>: vectorize for this CPU (or the level $TORCHFUSE_CPP_ARCH names).
+# -fno-math-errno and -fno-trapping-math change no result (we never read errno or FP exception
+# flags) but let sqrt and selects vectorize. -ffp-contract=off: no fused multiply-adds, so
+# results round like eager's (an FMA turns x*y - x*y into a nonzero value, and inf - inf into
+# -inf). Kernel pointers are not __restrict__ (codegen/cpp/kernel.py: they may alias), so GCC
+# versions loops for aliasing: one runtime check per pair of a stored and another accessed
+# pointer, and above vect-max-version-for-alias-checks (default 10) it leaves the loop scalar;
+# a fused kernel with 2 stores and 5 loads already needs 11 (GCC_FLAGS, GCC only).
+# $TORCHFUSE_CXXFLAGS adds flags after these (debugging: e.g. -fopt-info-vec); all flags are
+# part of the cache key.
+BASE_FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
               "-std=c++17", "-shared", "-fPIC", "-w")
+GCC_FLAGS = ("--param", "vect-max-version-for-alias-checks=64")
+DEFAULT_ARCH = "native"
+# What -march= accepts: a name such as native, x86-64-v3, znver3 or armv8.2-a+fp16.
+_ARCH_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 # Every symbol must resolve at link time: a missing libmvec function fails the build (and we
 # retry without libmvec) instead of failing when the library is loaded.
 LINK_FLAGS = ("-Wl,--no-undefined", "-lmvec", "-lm")
@@ -73,6 +87,39 @@ def compiler_available() -> bool:
     return find_compiler() is not None
 
 
+def arch() -> str:
+    """The instruction set kernels are compiled for: ``$TORCHFUSE_CPP_ARCH``, else ``native``.
+
+    ``native`` is this CPU; an x86-64 level (``x86-64``: SSE2, ``-v2``: SSE4.2, ``-v3``: AVX2
+    and FMA, ``-v4``: AVX-512) builds what a machine of that level would, which is how the
+    tests check the code other CPUs get (eager ATen picks its own code path at run time).
+
+    Raises:
+        ValueError: the value is not a ``-march`` name.
+    """
+    value = os.environ.get("TORCHFUSE_CPP_ARCH", "").strip() or DEFAULT_ARCH
+    if not _ARCH_PATTERN.fullmatch(value):
+        raise ValueError(f"TORCHFUSE_CPP_ARCH={value!r} is not a -march value (e.g. native, x86-64-v3)")
+    return value
+
+
+def compile_flags(compiler: str | None = None) -> tuple[str, ...]:
+    """Every flag but the link flags for ``compiler`` (default: ``find_compiler()``): the base
+    flags, GCC's own, ``-march=<arch()>``, then ``$TORCHFUSE_CXXFLAGS`` (which may override them)."""
+    compiler = compiler or find_compiler() or ""
+    gcc = GCC_FLAGS if "clang" not in os.path.basename(compiler) else ()
+    extra = tuple(filter(None, os.environ.get("TORCHFUSE_CXXFLAGS", "").split()))
+    return (*BASE_FLAGS, *gcc, f"-march={arch()}", *extra)
+
+
+def targets_avx512() -> bool:
+    """Whether the kernels are compiled for AVX-512 (``native`` on a CPU with it, or ``x86-64-v4``)."""
+    level = arch()
+    if level == "native":
+        return "avx512f" in _cpu_identity().split()
+    return level == "x86-64-v4"
+
+
 @dataclass(frozen=True)
 class Library:
     """A loaded shared library and where it came from."""
@@ -99,7 +146,7 @@ def build(source: str, name_hint: str = "graph") -> Library:
     compiler = find_compiler()
     if compiler is None:
         raise CppCompileError("no C++ compiler found (looked for $CXX, g++, c++); install g++ or set CXX")
-    flags = BASE_FLAGS + tuple(filter(None, os.environ.get("TORCHFUSE_CXXFLAGS", "").split()))
+    flags = compile_flags(compiler)
     key = _cache_key(source, compiler, flags)
     with _lock:
         if key in _loaded:
@@ -247,7 +294,7 @@ def build_graph_kernels(kernels: list, buffers: dict, graph_name: str) -> tuple[
     """
     from torchfuse.codegen.cpp.kernel import render_kernel
 
-    avx512 = "avx512f" in _cpu_identity().split()
+    avx512 = targets_avx512()
     rendered = {k.name: render_kernel(k, buffers, avx512=avx512) for k in kernels}
     return rendered, load_graph_kernels(rendered, graph_name)
 

@@ -195,11 +195,16 @@ class CppKernelRenderer:
     def _finish(self, lines: list[str], strategy: str) -> CppKernel:
         pointer_args = list(self.pointers)
         sizes = sorted(self.writer.sizes_used, key=lambda s: s.name)
+        # No __restrict__: pointers may alias (graph inputs may share memory, a pointwise kernel
+        # may write over an input it reads, ``in_place`` below), and a false promise is
+        # undefined behaviour GCC acts on: with -mtune=znver2 it reloaded x from memory after
+        # storing x + 1 over it. Without it GCC versions loops for aliasing, with a check that
+        # an exact overlap (in place, dependence distance 0) passes (docs/decisions.md).
         params = []
         for name in pointer_args:
             ctype = storage_type(self.buffers[name].dtype)
             const = "" if name in self.written else "const "
-            params.append(f"{const}{ctype}* __restrict__ {self.pointers[name]}")
+            params.append(f"{const}{ctype}* {self.pointers[name]}")
         params += [f"int64_t {s.name}" for s in sizes] + ["int tf_threads"]
         origins = ", ".join(self.kernel.origins)
         body = "\n".join(lines)

@@ -61,8 +61,8 @@ def render_rows(renderer, top: Scope, split: bool) -> None:
 def hoist_row_invariant_loads(renderer, row: Scope) -> None:
     """Load, once per row, every value the row's loops read at an index without reduced
     variables (a row's target, a scalar scale). The loops then find it in the row's scope.
-    Why: inside an OpenMP-outlined loop the pointers are no longer ``__restrict__`` to GCC, so
-    it cannot move such a load out of a SIMD loop whose reduction partials live in memory; it
+    Why: the pointers are not ``__restrict__`` (they may alias, kernel.py), so GCC
+    cannot move such a load out of a SIMD loop whose reduction partials live in memory; it
     kept a scalar loop, loading and dividing per element (cross-entropy's backward: the
     one-hot's row sum took 4 of the kernel's 5.6 ms)."""
     r_vars = {loop.var for loop in renderer.plan.r_loops}
