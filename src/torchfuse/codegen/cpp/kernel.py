@@ -263,6 +263,7 @@ def render_kernel(kernel: FusedKernel, buffers: dict[str, Buffer], avx512: bool 
 
 def render_module(kernels: list[CppKernel]) -> str:
     """One translation unit: the prelude, then every kernel of the graph."""
-    from torchfuse.codegen.cpp.prelude import PRELUDE
+    from torchfuse.codegen.cpp.prelude import PRELUDE, erf_definition
 
-    return PRELUDE + "\n" + "\n".join(k.source for k in kernels)
+    body = "\n".join(k.source for k in kernels)
+    return erf_definition(body) + PRELUDE + "\n" + body

@@ -161,6 +161,12 @@ template <class T> __attribute__((noinline, optimize("no-tree-vectorize"))) stat
 // float32 erf as x * P(x**2) / Q(x**2) on [-4, 4] (+-1 beyond, where float32 erf rounds to
 // +-1), a rational minimax fit (tests/test_cpp.py checks it): within 6 ulp everywhere, no
 // exp and no branch, so a loop calling it vectorizes; GELU is dominated by it.
+// TF_ERF_ONE: the |x| from which eager's erf is exactly +-1. That is MKL's choice and varies by
+// CPU, so render_module defines it as measured in this process (codegen/cpp/eager_math.py);
+// without it, where the correctly rounded erf reaches 1.
+#ifndef TF_ERF_ONE
+#define TF_ERF_ONE 3.9192097f
+#endif
 // Computed on |x| and given x's sign at the end (erf is odd, and so is the fit): each clamp is
 // then one min instruction, where clamping both sides took compare-and-blend chains that
 // made GELU twice as slow as ATen's (profiled on AVX-512: mask compares all queue on one port).
@@ -173,11 +179,11 @@ static inline float tf_erff(float x) {
     float q = TF_FMA(TF_FMA(TF_FMA(TF_FMA(TF_FMA(3.741961336345412e-05f, s, 0.0011842853855341673f), s,
                      0.015196976251900196f), s, 0.1153012067079544f), s, 0.5047537088394165f), s, 1.0f);
     float r = a * p / q;
-    // erf(x) rounds to 1 exactly from |x| >= 3.8325069 on (as ATen's erff) and never below;
-    // the fit alone reached 1.0 early and stayed under it late, which a floor or == downstream
-    // turns into a whole unit (found by fuzzing).
+    // erf(x) is 1 exactly from |x| >= TF_ERF_ONE on (as eager's) and never below; the fit
+    // alone reached 1.0 early and stayed under it late, which a floor or == downstream turns
+    // into a whole unit (found by fuzzing).
     r = 0.99999994f < r ? 0.99999994f : r;
-    r = a >= 3.8325069f ? 1.0f : r;
+    r = a >= TF_ERF_ONE ? 1.0f : r;
     return __builtin_copysignf(r, x);  // -0 stays -0, NaN stays NaN
 }
 
@@ -216,3 +222,13 @@ static inline uint16_t tf_f32_to_f16(float value) {
 static inline float tf_round_f16(float x) { return tf_f16_to_f32(tf_f32_to_f16(x)); }
 static inline float tf_round_bf16(float x) { return tf_bf16_to_f32(tf_f32_to_bf16(x)); }
 '''
+
+
+def erf_definition(body: str) -> str:
+    """``#define TF_ERF_ONE`` as eager's erf has it in this process, when ``body`` (a
+    translation unit's kernels) calls ``tf_erff``; else nothing (and nothing is measured)."""
+    if "tf_erff(" not in body:
+        return ""
+    from torchfuse.codegen.cpp.eager_math import erf_one_threshold
+
+    return f"#define TF_ERF_ONE {erf_one_threshold().hex()}f  // eager's erf is +-1 from here on\n"
