@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from torchfuse.diagnostics import advice
-from torchfuse.diagnostics.doctor import run_script
+from torchfuse.tools import advice
+from torchfuse.tools.doctor import run_script
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pitfalls")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

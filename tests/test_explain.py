@@ -7,8 +7,8 @@ import torch
 
 import torchfuse
 from conftest import compile_strict
-from torchfuse.diagnostics import advice
-from torchfuse.diagnostics.report import is_view_op
+from torchfuse.diagnostics.model import is_view_op
+from torchfuse.tools import advice
 
 
 def line_of(fn, text: str) -> int:

@@ -1,12 +1,21 @@
-"""The public API: ``compile``, ``backend``, ``report``, ``reset``, ``explain`` and ``warmup``."""
+"""The public API: ``compile``, ``backend``, ``report`` and ``reset``, and the Dynamo backend that
+ties the frontend (aot_autograd) to the pipeline.
+
+``torchfuse.explain`` and ``torchfuse.warmup`` are tools on top of this module (``tools/``); the
+package's ``__init__`` exports them with these names.
+"""
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch
+import torch._dynamo
 
+from torchfuse import pipeline
 from torchfuse.diagnostics import report as reports
+from torchfuse.frontend.aot import aot_backend
 from torchfuse.options import Options
+from torchfuse.runtime import cpp_build, graph_cache
 
 
 def compile(model_or_fn: Callable, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -23,17 +32,42 @@ def compile(model_or_fn: Callable, *, fullgraph: bool = False, dynamic: bool | N
     Returns:
         What ``torch.compile`` returns.
     """
-    from torchfuse.frontend.aot import make_backend
-
     validated = Options.from_user(options, mode)
     return torch.compile(model_or_fn, backend=make_backend(validated), fullgraph=fullgraph, dynamic=dynamic)
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
     """The Dynamo backend with default options: ``torch.compile(m, backend="torchfuse")``."""
-    from torchfuse.frontend.aot import make_backend
-
     return make_backend(Options.from_user(kwargs.get("options")))(gm, example_inputs)
+
+
+def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]], Callable]:
+    """A Dynamo backend compiling forward, backward and inference graphs with ``options``."""
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str) -> Callable:
+        return pipeline.compile_graph(gm, example_inputs, kind, options)
+
+    traced = aot_backend(compile_graph, pipeline.run_captured, options.strict)
+
+    def run(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        if options.target == "auto" and not _any_cuda(example_inputs) and not _cpp_available():
+            return pipeline.run_captured(gm)
+        return traced(gm, example_inputs)
+
+    return run
+
+
+def _any_cuda(values: list[Any]) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values)
+
+
+def _cpp_available() -> bool:
+    """CPU graphs compile to C++ (the ``cpp`` target) when the machine has a C++ compiler."""
+    if cpp_build.compiler_available():
+        return True
+    cpp_build.warn_once("torchfuse: no C++ compiler found (install g++ or set CXX); "
+                        "CPU graphs run unfused with ATen")
+    return False
 
 
 def report() -> reports.Report:
@@ -41,30 +75,9 @@ def report() -> reports.Report:
     return reports.report()
 
 
-def explain(fn_or_model: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Run ``fn_or_model(*args, **kwargs)`` once under compilation; return an ``ExplainResult``
-    with the graphs, each graph break (reason, file:line, the line, a fix), ATen fallbacks and
-    the fusion summary. ``str()`` of it is a readable report (see ``diagnostics/explain.py``)."""
-    from torchfuse.diagnostics.explain import explain as run_explain
-
-    return run_explain(fn_or_model, *args, **kwargs)
-
-
-def warmup(compiled: Callable, example_inputs_list: list[Any], backward: bool = False) -> Any:
-    """Compile ahead for each example's shapes; return a ``WarmupReport`` of what was compiled
-    (see ``diagnostics/warmup.py``)."""
-    from torchfuse.diagnostics.warmup import warmup as run_warmup
-
-    return run_warmup(compiled, example_inputs_list, backward=backward)
-
-
 def reset() -> None:
     """Forget compiled graphs (Dynamo's caches, and graphs cached in memory; not the disk caches)
     and reports."""
-    import torch._dynamo
-
-    from torchfuse.runtime import graph_cache
-
     torch._dynamo.reset()
     graph_cache.clear_memory()
     reports.clear()

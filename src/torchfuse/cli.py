@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from rich.console import Console
+from rich.table import Table
+
+import torchfuse
+from torchfuse.bench.runner import main as bench_main
+from torchfuse.models import make_llama_block
+from torchfuse.tools.doctor import run_script
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -93,9 +100,6 @@ def _positive_int(text: str) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Eager vs torchfuse on one LLaMA block: correctness first, then the report, then timings."""
-    import torchfuse  # here, not at the top: the CLI module must import even mid-refactor of the core
-    from torchfuse.models import make_llama_block
-
     device = _resolve_device(args.device)
     if device is None:
         print("torchfuse demo: --device cuda asked for, but CUDA is not available", file=sys.stderr)
@@ -181,8 +185,6 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from torchfuse.diagnostics.doctor import run_script
-
     result = run_script(args.script, args.args, html=args.html, backend=args.backend, baseline=args.baseline)
     result.render()
     return result.exit_code
@@ -200,8 +202,6 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from torchfuse.bench.runner import main as bench_main
-
     return bench_main(list(args.bench_args))
 
 
@@ -239,9 +239,6 @@ def median_ms(fn: Callable[[], object], device: torch.device, steps: int, warmup
 
 
 def _print_timings(eager_ms: float, fused_ms: float, device: torch.device, steps: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     clock = "CUDA events" if device.type == "cuda" else "perf_counter"
     table = Table(title=f"median of {steps} runs ({clock})")
     table.add_column("backend")

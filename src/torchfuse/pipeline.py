@@ -14,10 +14,24 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+from torch.utils._pytree import tree_leaves
 
+import torchfuse.scheduler.schedule as scheduling  # a module, so a test can replace its schedule()
+from torchfuse.codegen.cpp.kernel import CppKernel
+from torchfuse.codegen.triton.kernel import render_kernel as render_triton_kernel
 from torchfuse.diagnostics import report as reports
+from torchfuse.diagnostics.model import GraphReport, KernelReport
+from torchfuse.diagnostics.traffic import TrafficCounter
+from torchfuse.frontend.symbolic import shape_env_of, size_hint
 from torchfuse.ir.printer import format_graph
+from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users
+from torchfuse.lowering.conv_layout import convolutions_channels_last
+from torchfuse.lowering.devices import check_one_device, place_on_one_device
+from torchfuse.lowering.driver import lower
+from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls
 from torchfuse.options import Options
+from torchfuse.runtime import cpp_build, graph_cache, kernel_cache, wrapper
+from torchfuse.scheduler.kernel import FusedKernel
 
 
 @dataclass
@@ -26,7 +40,7 @@ class CompileState:
     example_inputs: list[Any]
     options: Options
     target: str
-    report: reports.GraphReport
+    report: GraphReport
     graph: Any = None
     plan: Any = None
     kernels: dict = field(default_factory=dict)
@@ -52,8 +66,6 @@ def choose_target(example_inputs: list[Any], options: Options, gm: torch.fx.Grap
 
 
 def _node_devices(gm: torch.fx.GraphModule) -> set[str]:
-    from torch.utils._pytree import tree_leaves
-
     values = tree_leaves([n.meta.get("val") for n in gm.graph.nodes])
     return {v.device.type for v in values if isinstance(v, torch.Tensor)}
 
@@ -70,7 +82,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
         A function taking the list of inputs (which it clears) and returning the outputs.
     """
     target = choose_target(example_inputs, options, gm)
-    graph_report = reports.GraphReport(reports.next_graph_name(), kind, target)
+    graph_report = GraphReport(reports.next_graph_name(), kind, target)
     graph_report.aten_ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     state = CompileState(gm, list(example_inputs), options, target, graph_report)
     try:
@@ -95,11 +107,20 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
     return call
 
 
+def run_captured(gm: torch.fx.GraphModule, error: str | None = None) -> Callable:
+    """Run Dynamo's graph as captured, and say so in the report (a graph of kind "eager").
+
+    Without a C++ compiler, CPU graphs run this way (eager speed): decomposing them for ATen would
+    only add ops. So does a graph aot_autograd fails on (``error``)."""
+    graph_report = GraphReport(reports.next_graph_name(), "eager", "aten")
+    graph_report.aten_ops = [str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    graph_report.error = error
+    reports.record(graph_report)
+    return gm.forward
+
+
 def _run_stages_or_restore(state: CompileState) -> Callable:
     """Run the stages, or take their result from the graph cache (runtime/graph_cache.py)."""
-    from torchfuse.frontend.symbolic import shape_env_of
-    from torchfuse.runtime import graph_cache
-
     key = None
     if _graph_cache_applies(state):
         key = graph_cache.graph_key(state.gm, state.report.kind, state.target, state.options)
@@ -125,19 +146,16 @@ def _run_stages_or_restore(state: CompileState) -> Callable:
 
 
 def _graph_cache_applies(state: CompileState) -> bool:
-    from torchfuse.runtime import graph_cache
-
     dumping = state.options.dump or os.environ.get("TORCHFUSE_DUMP")
     return graph_cache.enabled() and state.target in ("cpp", "triton") and not dumping
 
 
-def _cache_entry(state: CompileState):
-    from torchfuse.runtime.graph_cache import GraphEntry
-
+def _cache_entry(state: CompileState) -> graph_cache.GraphEntry:
     constant_targets = {n.name: str(n.target) for n in state.gm.graph.nodes
                         if n.op == "get_attr" and n.name in state.graph.constants}
     report = copy.deepcopy(state.report)
-    return GraphEntry(report.wrapper_source, dict(state.wrapper_constants), dict(state.kernels), constant_targets, report)
+    return graph_cache.GraphEntry(report.wrapper_source, dict(state.wrapper_constants), dict(state.kernels),
+                                  constant_targets, report)
 
 
 # What a cache hit takes from the stored report: everything the stages would have written.
@@ -145,15 +163,12 @@ RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "devic
                           "input_buffers", "output_buffers", "eager_bytes")
 
 
-def _restore(state: CompileState, entry) -> None:
-    from torchfuse.runtime import graph_cache
-    from torchfuse.runtime.wrapper import bind_wrapper
-
+def _restore(state: CompileState, entry: graph_cache.GraphEntry) -> None:
     launchers = _load_launchers(entry.kernels, state.report.name)
     tensor_constants = {name: graph_cache.attribute(state.gm, target) for name, target in entry.constant_targets.items()}
     state.kernels, state.launchers, state.wrapper_constants = entry.kernels, launchers, entry.wrapper_constants
-    state.call = bind_wrapper(entry.wrapper_source, entry.wrapper_constants, tensor_constants, launchers,
-                              state.report.name)
+    state.call = wrapper.bind_wrapper(entry.wrapper_source, entry.wrapper_constants, tensor_constants, launchers,
+                                      state.report.name)
     stored = copy.deepcopy(entry.report)
     for name in RESTORED_REPORT_FIELDS:
         setattr(state.report, name, getattr(stored, name))
@@ -162,14 +177,11 @@ def _restore(state: CompileState, entry) -> None:
 def _load_launchers(kernels: dict, graph_name: str) -> dict:
     """What the wrapper calls for each rendered kernel: C++ kernels from one library for the
     graph, Triton kernels compiled for the GPU or, on CPU tensors, run by Triton's interpreter."""
-    from torchfuse.codegen.cpp.kernel import CppKernel
-    from torchfuse.runtime.cpp_build import load_graph_kernels
-    from torchfuse.runtime.kernel_cache import load_kernel
-
-    launchers = load_graph_kernels({n: k for n, k in kernels.items() if isinstance(k, CppKernel)}, graph_name)
+    cpp_kernels = {n: k for n, k in kernels.items() if isinstance(k, CppKernel)}
+    launchers = cpp_build.load_graph_kernels(cpp_kernels, graph_name)
     for name, kernel in kernels.items():
         if not isinstance(kernel, CppKernel):
-            launchers[name] = load_kernel(kernel.source, kernel.name, kernel.device != "cuda")
+            launchers[name] = kernel_cache.load_kernel(kernel.source, kernel.name, kernel.device != "cuda")
     return launchers
 
 
@@ -234,12 +246,6 @@ def stage_aten(state: CompileState) -> None:
 
 
 def stage_lower(state: CompileState) -> None:
-    from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users
-    from torchfuse.lowering.conv_layout import convolutions_channels_last
-    from torchfuse.lowering.devices import place_on_one_device
-    from torchfuse.lowering.driver import lower
-    from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls
-
     pad_unaligned_matmuls(state.gm)  # CUDA 16-bit matmuls only
     if state.target == "cpp":  # measured on CPUs only so far (see docs/decisions.md)
         split_bias_into_pointwise_users(state.gm)
@@ -252,14 +258,7 @@ def stage_lower(state: CompileState) -> None:
 
 
 def stage_schedule(state: CompileState) -> None:
-    from torchfuse.scheduler.kernel import FusedKernel
-    from torchfuse.scheduler.schedule import schedule
-
-    from torchfuse.diagnostics.traffic import TrafficCounter
-    from torchfuse.lowering.devices import check_one_device
-    from torchfuse.frontend.symbolic import shape_env_of
-
-    state.plan = schedule(state.graph)
+    state.plan = scheduling.schedule(state.graph)
     check_one_device(state.plan.kernels, state.graph.buffers)
     state.report.decisions = [d for d in state.plan.decisions if not d.fused]
     state.report.fusions = [d for d in state.plan.decisions if d.fused]
@@ -271,10 +270,10 @@ def stage_schedule(state: CompileState) -> None:
     for item in state.plan.items:
         if isinstance(item, FusedKernel):
             moved = traffic.fused(item)
-            kernel = reports.KernelReport(item.name, item.kind, item.origins)
+            kernel = KernelReport(item.name, item.kind, item.origins)
         else:
             moved = traffic.extern(item.node)
-            kernel = reports.KernelReport(item.name, "extern", [str(item.node.target)])
+            kernel = KernelReport(item.name, "extern", [str(item.node.target)])
         kernel.reads, kernel.writes, kernel.eager_bytes = moved.reads, moved.writes, moved.eager_bytes
         state.report.kernels.append(kernel)
 
@@ -285,10 +284,6 @@ def stage_kernels(state: CompileState) -> None:
     if state.target == "cpp":
         _cpp_kernels(state, state.plan.kernels)
         return
-    from torchfuse.codegen.triton.kernel import render_kernel
-    from torchfuse.frontend.symbolic import size_hint
-    from torchfuse.runtime.cpp_build import compiler_available
-    from torchfuse.runtime.kernel_cache import module_source
 
     def hint(expr) -> int:
         try:
@@ -299,16 +294,17 @@ def stage_kernels(state: CompileState) -> None:
     # In a GPU graph, kernels over CPU tensors (shape arithmetic before a .to("cuda")) are
     # built for the CPU; in a graph of CPU tensors alone (tests) Triton's interpreter runs all.
     on_gpu = any(k.device.type == "cuda" for k in state.plan.kernels)
-    on_cpu = [k for k in state.plan.kernels if k.device.type == "cpu"] if on_gpu and compiler_available() else []
+    builds_cpu = on_gpu and cpp_build.compiler_available()
+    on_cpu = [k for k in state.plan.kernels if k.device.type == "cpu"] if builds_cpu else []
     _cpp_kernels(state, on_cpu)
     by_name = {k.name: k for k in state.report.kernels}
     for kernel in state.plan.kernels:
         if kernel in on_cpu:
             state.report.device_notes.append(f"{kernel.name} runs on the CPU (C++): its tensors are CPU tensors")
             continue
-        rendered = render_kernel(kernel, state.graph.buffers, hint)
+        rendered = render_triton_kernel(kernel, state.graph.buffers, hint)
         state.kernels[kernel.name] = rendered
-        by_name[kernel.name].source = module_source(rendered.source)
+        by_name[kernel.name].source = kernel_cache.module_source(rendered.source)
         for scalar in rendered.scalar_args:
             state.report.device_notes.append(f"{kernel.name} receives {scalar} (a 0-d CPU tensor) by value, as eager does")
     state.launchers.update(_load_launchers({n: k for n, k in state.kernels.items() if n not in state.launchers},
@@ -317,11 +313,9 @@ def stage_kernels(state: CompileState) -> None:
 
 def _cpp_kernels(state: CompileState, kernels: list) -> None:
     """These kernels in one C++ translation unit: one compiler call, cached on disk."""
-    from torchfuse.runtime.cpp_build import build_graph_kernels
-
     if not kernels:
         return
-    rendered, launchers = build_graph_kernels(kernels, state.graph.buffers, state.report.name)
+    rendered, launchers = cpp_build.build_graph_kernels(kernels, state.graph.buffers, state.report.name)
     state.kernels.update(rendered)
     state.launchers.update(launchers)
     by_name = {k.name: k for k in state.report.kernels}
@@ -333,9 +327,7 @@ def stage_wrapper(state: CompileState) -> None:
     if state.target == "aten":
         state.call = _run_with_aten(state.gm)
         return
-    from torchfuse.runtime.wrapper import build_wrapper
-
-    call, source, constants = build_wrapper(state.graph, state.plan, state.kernels, state.launchers)
+    call, source, constants = wrapper.build_wrapper(state.graph, state.plan, state.kernels, state.launchers)
     state.report.wrapper_source = source
     state.wrapper_constants = constants
     state.call = call

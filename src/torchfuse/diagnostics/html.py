@@ -4,19 +4,17 @@ For each graph: a drawing of its kernels as a graph (laid out here in layers: in
 kernel one layer below the lowest kernel it reads from), which ATen ops each kernel runs, the
 buffers between kernels with their sizes, bytes each kernel reads and writes against what eager
 moves for the same ops, every refused fusion with its reason, and each kernel's generated source.
-With a doctor run, the page starts with its findings (functions, graph breaks, recompiles).
+A pure function of the data model, so ``Report.to_html`` can call it without reaching up to the
+tools; a tool puts its own findings at the top of the page (``preface``, e.g. the doctor's).
 """
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchfuse.diagnostics.explain import format_bytes, summarize
-from torchfuse.diagnostics.report import GraphReport, KernelReport, Report
-
-if TYPE_CHECKING:
-    from torchfuse.diagnostics.doctor import DoctorResult
+from torchfuse.diagnostics.model import GraphReport, KernelReport
+from torchfuse.diagnostics.summary import format_bytes, summarize
 
 BOX_W, LINE_H, GAP_X, GAP_Y, MARGIN, MAX_OPS = 270, 15, 36, 56, 20, 5
 FILLS = {"pointwise": "#cfe3ff", "reduction": "#ffe08a", "extern": "#e2e4e8", "input": "#c8f2d4", "output": "#fbd3e9"}
@@ -37,19 +35,19 @@ def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def render_report(report: Report, title: str = "torchfuse fusion report", doctor: "DoctorResult | None" = None) -> str:
-    """The whole page as a string."""
-    summary = summarize(report.graphs)
+def render_report(graphs: list[GraphReport], title: str = "torchfuse fusion report", preface: str = "") -> str:
+    """The whole page as a string; ``preface`` (HTML) goes between the summary and the graphs."""
+    summary = summarize(graphs)
     parts = [f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>",
              f"<style>{CSS}</style></head><body>", f"<h1>{esc(title)}</h1>",
-             f"<p class='summary'>{len(report.graphs)} graph(s). {esc(summary)}.</p>"]
-    if doctor is not None:
-        parts.append(_doctor_sections(doctor))
-    if report.graphs:
+             f"<p class='summary'>{len(graphs)} graph(s). {esc(summary)}.</p>"]
+    if preface:
+        parts.append(preface)
+    if graphs:
         parts.append("<ul class='toc'>" + "".join(
             f"<li><a href='#{esc(g.name)}'>{esc(g.name)}</a> ({esc(g.kind)}, {len(g.kernels)} kernels)</li>"
-            for g in report.graphs) + "</ul>")
-    parts += [_graph_section(g) for g in report.graphs]
+            for g in graphs) + "</ul>")
+    parts += [_graph_section(g) for g in graphs]
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
@@ -218,41 +216,3 @@ def draw_graph(graph: GraphReport) -> str:
 
 def _clip(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
-# -- doctor findings -----------------------------------------------------------------------------------
-def _doctor_sections(result: "DoctorResult") -> str:
-    parts = [f"<p>Script <code>{esc(result.script)}</code> exited with status {result.exit_code} "
-             f"after {result.wall_s:.2f} s.</p>"]
-    for hit in result.limit_hits:
-        parts.append(f"<p class='warn'>RECOMPILE LIMIT HIT: {esc(hit.function)} ({esc(hit.filename)}:{hit.lineno}) "
-                     f"hit torch._dynamo.config.{esc(hit.limit_name)} ({hit.limit}) and now runs in EAGER mode.</p>")
-    if result.functions:
-        rows = "".join(
-            f"<tr><td>{esc(s.name)}</td><td><code>{esc(s.location)}</code></td><td class='num'>{s.calls}</td>"
-            f"<td class='num'>{s.graph_count}</td><td class='num'>{len(s.recompiles)}</td>"
-            f"<td class='num'>{s.compile_s:.3f}</td><td class='num'>{s.run_s:.3f}</td>"
-            f"<td>{esc(s.verdict()[1])}</td></tr>"
-            for s in result.functions)
-        parts.append("<h2>Compiled functions</h2><table><tr><th>function</th><th>where</th><th>calls</th>"
-                     "<th>graphs</th><th>recompiles</th><th>compile s</th><th>run s</th><th>paid off?</th></tr>"
-                     f"{rows}</table>")
-    if result.breaks:
-        items = "".join(f"<li><code>{esc(b.file)}:{b.line}</code> <code>{esc(b.code)}</code><br>{esc(b.reason)}<br>"
-                        f"<span class='fix'>fix: {esc(b.advice.fix)}</span></li>" for b in result.breaks)
-        parts.append(f"<h2>Graph breaks ({len(result.breaks)})</h2><ul class='breaks'>{items}</ul>")
-    if result.recompiles:
-        advised: set[tuple[str, str]] = set()
-        items = ""
-        for r in result.recompiles:
-            where = f" (from <code>{esc(r.where)}</code>: <code>{esc(r.where.line)}</code>)" if r.where else ""
-            items += f"<li>{esc(r.function)} [{esc(r.compile_id)}]: {esc(r.what_changed)}{where}"
-            if (r.function, r.advice.key) not in advised:
-                advised.add((r.function, r.advice.key))
-                items += f"<br>{esc(r.advice.title)}<br><span class='fix'>fix: {esc(r.advice.fix)}</span>"
-            items += "</li>"
-        parts.append(f"<h2>Recompiles ({len(result.recompiles)})</h2><ul class='recompiles'>{items}</ul>")
-    if result.findings:
-        items = "".join(f"<li>{esc(f)}</li>" for f in result.findings)
-        parts.append(f"<h2>Inside the captured graphs</h2><ul>{items}</ul>")
-    return "\n".join(parts)

@@ -1,132 +1,16 @@
-"""``torchfuse.report()``: what was compiled in this process, fused how, and why not more."""
+"""``torchfuse.report()``: the graphs compiled in this process, as one ``Report``.
+
+The pipeline records each ``GraphReport`` here once its graph is compiled (``record``); the
+report reads as text (``str``) or as one HTML page (``to_html``, drawn by ``html.py``).
+"""
 from __future__ import annotations
 
-import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from torchfuse.scheduler.decisions import FusionDecision
-
-
-# ATen ops that only reinterpret memory: eager runs no kernel for them.
-VIEW_OPS = frozenset({
-    "view", "_unsafe_view", "reshape", "alias", "detach", "permute", "transpose", "t", "expand",
-    "expand_as", "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "chunk",
-    "unbind", "as_strided", "diagonal", "unfold", "narrow", "view_as", "sym_size", "sym_numel",
-    "sym_stride", "sym_storage_offset", "getitem", "size", "dim", "contiguous_view", "_reshape_alias",
-})
-
-
-def op_base_name(op: str) -> str:
-    """``aten.view.default`` -> ``view``; ``<built-in function getitem>`` -> ``getitem``;
-    ``<method 'relu' of ...>`` -> ``relu``; a method name stays as it is."""
-    match = re.search(r"(?:function|method) '?(\w+)", op) if op.startswith("<") else None
-    if match:
-        return match.group(1)
-    parts = op.replace("aten::", "aten.").split(".")
-    if len(parts) > 1 and parts[0] in ("aten", "prims", "torch", "operator", "_operator"):
-        return parts[1]
-    return parts[0]
-
-
-def is_view_op(op: str) -> bool:
-    """True for view ops and shape queries: eager runs no kernel for them."""
-    return op_base_name(op) in VIEW_OPS
-
-
-@dataclass(frozen=True)
-class BufferAccess:
-    """A buffer a kernel reads or writes: its size in bytes (None when a size is symbolic and
-    no example value was known) and the size expression as text."""
-
-    name: str
-    shape: str  # e.g. "f32[8, s0]"
-    bytes: int | None
-    size_expr: str = ""  # bytes as an expression of the symbolic sizes, when symbolic
-
-
-@dataclass
-class KernelReport:
-    name: str
-    kind: str  # "pointwise", "reduction" or "extern"
-    ops: list[str]  # ATen ops this kernel runs
-    source: str | None = None
-    reads: list[BufferAccess] = field(default_factory=list)  # buffers read from memory
-    writes: list[BufferAccess] = field(default_factory=list)  # buffers stored to memory
-    # What eager moves for the same ops: every op reads all its inputs and writes its output.
-    eager_bytes: int | None = None
-
-    @property
-    def bytes_read(self) -> int | None:
-        return _total(self.reads)
-
-    @property
-    def bytes_written(self) -> int | None:
-        return _total(self.writes)
-
-
-def _total(accesses: list[BufferAccess]) -> int | None:
-    sizes = [a.bytes for a in accesses]
-    return None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
-
-
-@dataclass
-class GraphReport:
-    name: str
-    kind: str  # "forward", "backward" or "inference"
-    target: str
-    kernels: list[KernelReport] = field(default_factory=list)
-    decisions: list[FusionDecision] = field(default_factory=list)  # refused fusions
-    fusions: list[FusionDecision] = field(default_factory=list)  # fusions made
-    fallbacks: list[str] = field(default_factory=list)  # ATen ops run without a lowering
-    # How a graph that mixes devices keeps each kernel on one device: CPU scalars passed by
-    # value, CPU kernels built for the CPU, buffers copied to the device that reads them.
-    device_notes: list[str] = field(default_factory=list)
-    error: str | None = None  # set when compiling failed and the graph runs with ATen
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    aten_ops: list[str] = field(default_factory=list)  # ops of the input graph, in order
-    ir_text: str = ""
-    wrapper_source: str = ""
-    compile_id: str | None = None  # Dynamo's "frame/attempt" id, links the graph to a function
-    input_buffers: list[str] = field(default_factory=list)  # graph inputs, in call order
-    output_buffers: list[str] = field(default_factory=list)
-    eager_bytes: int | None = None  # bytes all ops of the graph move when run eagerly
-
-    @property
-    def eager_kernel_count(self) -> int:
-        """Kernels eager PyTorch launches for this graph: its ops that are not views."""
-        return sum(1 for op in self.aten_ops if not is_view_op(op))
-
-    @property
-    def bytes_moved(self) -> int | None:
-        """Bytes the compiled kernels read and write (None if a size is unknown)."""
-        sizes = [k.bytes_read for k in self.kernels] + [k.bytes_written for k in self.kernels]
-        return None if not self.kernels or any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
-
-    @property
-    def generated_kernels(self) -> list[KernelReport]:
-        return [k for k in self.kernels if k.kind != "extern"]
-
-    def __str__(self) -> str:
-        if self.kind == "eager":
-            return (f"{self.name} (CPU): {len(self.aten_ops)} ops run as captured, unfused "
-                    "(no C++ compiler was found, or aot_autograd failed on it: see the warning)")
-        lines = [f"{self.name} ({self.kind}, target={self.target}): {len(self.generated_kernels)} generated kernels, "
-                 f"{len(self.kernels) - len(self.generated_kernels)} ATen calls, from {len(self.aten_ops)} ATen ops"]
-        if self.error:
-            lines.append(f"  FELL BACK TO ATEN: {self.error}")
-        for kernel in self.kernels:
-            lines.append(f"  {kernel.name:<10} {kernel.kind:<10} {', '.join(kernel.ops)}")
-        for decision in self.decisions:
-            lines.append(f"  not fused: {decision}")
-        if self.fallbacks:
-            lines.append(f"  no lowering (ran as ATen): {', '.join(sorted(set(self.fallbacks)))}")
-        for note in self.device_notes:
-            lines.append(f"  devices: {note}")
-        if self.stage_seconds:
-            times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.stage_seconds.items())
-            lines.append(f"  compile time: {times}")
-        return "\n".join(lines)
+from torchfuse.diagnostics.html import render_report
+from torchfuse.diagnostics.model import GraphReport, KernelReport
+from torchfuse.frontend.dynamo_events import current_compile_id
 
 
 @dataclass
@@ -146,9 +30,7 @@ class Report:
         """Write one self-contained HTML page (no scripts or styles from elsewhere) with, for
         each graph, its kernels drawn as a graph, bytes moved, refused fusions and kernel
         sources. Returns the HTML; writes it to ``path`` when given."""
-        from torchfuse.diagnostics.html import render_report
-
-        page = render_report(self, title=title)
+        page = render_report(self.graphs, title=title)
         if path is not None:
             with open(path, "w", encoding="utf-8") as handle:
                 handle.write(page)
@@ -160,9 +42,8 @@ _lock = threading.Lock()
 
 
 def record(graph: GraphReport) -> None:
+    """Add a compiled graph, stamped with the id of the Dynamo compile it belongs to."""
     if graph.compile_id is None:
-        from torchfuse.frontend.dynamo_events import current_compile_id
-
         graph.compile_id = current_compile_id()
     with _lock:
         _graphs.append(graph)

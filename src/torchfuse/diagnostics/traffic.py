@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import sympy
+import torch
 
-from torchfuse.diagnostics.report import BufferAccess
+from torchfuse.diagnostics.model import BufferAccess
+from torchfuse.frontend.symbolic import size_hint
 from torchfuse.ir.expr import read_buffers
 from torchfuse.ir.graph import Buffer, Extern, Graph, Pointwise, Reduction
 from torchfuse.ir.printer import dtype_name
@@ -53,8 +55,6 @@ class TrafficCounter:
         return BufferAccess(name, shape, self._evaluate(expr), "" if sympy.sympify(expr).is_number else str(expr))
 
     def _evaluate(self, expr: sympy.Expr) -> int | None:
-        from torchfuse.frontend.symbolic import size_hint
-
         try:
             with warnings.catch_warnings():  # some torch versions deprecate ShapeEnv.size_hint noisily
                 warnings.simplefilter("ignore", FutureWarning)
@@ -118,6 +118,4 @@ def _itemsize(dtype: Any) -> int:
     try:
         return dtype.itemsize
     except AttributeError:  # older torch dtypes: use an empty tensor
-        import torch
-
         return torch.empty((), dtype=dtype).element_size()

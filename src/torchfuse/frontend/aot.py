@@ -1,6 +1,8 @@
-"""The Dynamo backend: aot_autograd splits forward/backward and we compile each ATen graph.
+"""aot_autograd as a Dynamo backend: one ATen graph per forward, backward or inference graph.
 
-All torch-internal entry points used for capture live here (and in ``symbolic.py``).
+All torch-internal entry points used for capture live here (and in ``symbolic.py``). What to do
+with each ATen graph is a parameter (the pipeline, wired in by ``api.make_backend``), so the
+frontend knows nothing of the stages above it.
 """
 from __future__ import annotations
 
@@ -9,20 +11,39 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+from torch._dynamo import exc as dynamo_exc
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torchfuse.frontend.decompositions import decomposition_table
-from torchfuse.options import Options
+
+# (ATen graph, example inputs, kind: "forward" | "backward" | "inference") -> boxed callable
+GraphCompiler = Callable[[torch.fx.GraphModule, list[Any], str], Callable]
+# (Dynamo's graph, why it cannot be traced or None) -> callable running it as captured
+CapturedRunner = Callable[[torch.fx.GraphModule, "str | None"], Callable]
+Backend = Callable[[torch.fx.GraphModule, list[Any]], Callable]
+
+# Dynamo writes ``addcmul_`` and ``lerp_`` with a scalar weight as ``prims.fma``, an op torch
+# defines in torch._inductor.inductor_prims, which the partitioner imported above loads (torchfuse
+# never imports torch._inductor itself). Lowering names the op through here, so it exists by then.
+FMA_OPS: tuple = tuple(op.default for op in [getattr(torch.ops.prims, "fma", None)] if op is not None)
 
 
-def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]], Callable]:
-    """A Dynamo backend compiling forward, backward and inference graphs with ``options``."""
-    from torchfuse.pipeline import compile_graph
+def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, strict: bool) -> Backend:
+    """A Dynamo backend: aot_autograd functionalizes and decomposes each captured graph, splits it
+    into forward and backward (or one inference graph) and hands each to ``compile_graph``.
+
+    Args:
+        compile_graph: compiles one ATen graph.
+        run_captured: runs a graph aot_autograd could not trace as Dynamo captured it.
+        strict: raise aot_autograd's own failures instead of running the graph as captured.
+    Returns:
+        The backend, ``backend(gm, example_inputs) -> callable``.
+    """
 
     def compiler(kind: str) -> Callable:
         def compile_one(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
-            return compile_graph(gm, example_inputs, kind, options)
+            return compile_graph(gm, example_inputs, kind)
 
         return compile_one
 
@@ -38,17 +59,15 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
     )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        if options.target == "auto" and not _any_cuda(example_inputs) and not _cpp_available():
-            return _run_eagerly(gm)
         try:
             return compile_with_aot(gm, example_inputs)
         except Exception as error:  # noqa: BLE001 - aot_autograd itself failed: run as captured
-            if options.strict or _is_dynamo_control_flow(error):
+            if strict or _is_dynamo_control_flow(error):
                 raise
             warnings.warn(f"torchfuse: AOTAutograd could not trace a graph ({type(error).__name__}: "
                           f"{str(error).splitlines()[0] if str(error) else ''}); running it as captured. "
                           "Pass options={'strict': True} to raise.", stacklevel=2)
-            return _run_eagerly(gm, f"{type(error).__name__}: {error}")
+            return run_captured(gm, f"{type(error).__name__}: {error}")
 
     return backend
 
@@ -56,36 +75,6 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
 def _is_dynamo_control_flow(error: Exception) -> bool:
     """Exceptions Dynamo uses to restart analysis (e.g. to re-trace with a float specialised):
     they are signals for Dynamo, not failures, and must reach it."""
-    from torch._dynamo import exc
-
-    signals = tuple(getattr(exc, name) for name in ("TensorifyScalarRestartAnalysis", "RestartAnalysis")
-                    if hasattr(exc, name))
+    signals = tuple(getattr(dynamo_exc, name) for name in ("TensorifyScalarRestartAnalysis", "RestartAnalysis")
+                    if hasattr(dynamo_exc, name))
     return isinstance(error, signals)
-
-
-def _any_cuda(values: list[Any]) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values)
-
-
-def _cpp_available() -> bool:
-    """CPU graphs compile to C++ (the ``cpp`` target) when the machine has a C++ compiler."""
-    from torchfuse.runtime import cpp_build
-
-    if cpp_build.compiler_available():
-        return True
-    cpp_build.warn_once("torchfuse: no C++ compiler found (install g++ or set CXX); "
-                        "CPU graphs run unfused with ATen")
-    return False
-
-
-def _run_eagerly(gm: torch.fx.GraphModule, error: str | None = None) -> Callable:
-    """Without a C++ compiler, CPU graphs run Dynamo's graph as captured (eager speed);
-    decomposing them for ATen would only add ops. So does a graph aot_autograd fails on
-    (``error``). The report records it."""
-    from torchfuse.diagnostics import report as reports
-
-    graph_report = reports.GraphReport(reports.next_graph_name(), "eager", "aten")
-    graph_report.aten_ops = [str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
-    graph_report.error = error
-    reports.record(graph_report)
-    return gm.forward

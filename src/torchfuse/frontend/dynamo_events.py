@@ -12,6 +12,7 @@ Parsing is forgiving: a record that does not match is kept with what could be re
 """
 from __future__ import annotations
 
+import linecache
 import logging
 import os
 import re
@@ -20,6 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch._dynamo
+from torch._dynamo import exc as dynamo_exc
+from torch._dynamo import utils as dynamo_utils
 
 _BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 _CONVERT_FRAME_LOGGER = "torch._dynamo.convert_frame"
@@ -285,17 +289,13 @@ def clean_source_name(name: str) -> str:
 
 
 def _source_line(filename: str, lineno: int) -> str:
-    import linecache
-
     return linecache.getline(filename, lineno).strip()
 
 
 # -- metrics and compile context ------------------------------------------------------------------
 def _raw_metrics() -> list[Any]:
     try:
-        from torch._dynamo.utils import get_compilation_metrics
-
-        return list(get_compilation_metrics())
+        return list(dynamo_utils.get_compilation_metrics())
     except Exception:  # noqa: BLE001 - no metrics: report without compile times
         return []
 
@@ -303,10 +303,8 @@ def _raw_metrics() -> list[Any]:
 def _ensure_metrics_capacity(size: int = 100_000) -> None:
     """Dynamo keeps only the last 64 compiles by default; a long script needs them all."""
     try:
-        from torch._dynamo import utils
-
-        if getattr(utils._compilation_metrics, "maxlen", size) < size:
-            utils.set_compilation_metrics_limit(size)
+        if getattr(dynamo_utils._compilation_metrics, "maxlen", size) < size:
+            dynamo_utils.set_compilation_metrics_limit(size)
     except Exception:  # noqa: BLE001
         pass
 
@@ -364,10 +362,8 @@ def recompile_limit() -> tuple[str, int]:
 
 def unsupported_error_types() -> tuple[type[BaseException], ...]:
     """Exceptions Dynamo raises for code it cannot capture under ``fullgraph=True``."""
-    import torch._dynamo.exc as exc
-
-    return tuple(t for t in (getattr(exc, "Unsupported", None), getattr(exc, "UserError", None),
-                             getattr(exc, "FailOnRecompileLimitHit", None)) if isinstance(t, type))
+    return tuple(t for t in (getattr(dynamo_exc, "Unsupported", None), getattr(dynamo_exc, "UserError", None),
+                             getattr(dynamo_exc, "FailOnRecompileLimitHit", None)) if isinstance(t, type))
 
 
 def error_user_frames(error: BaseException) -> list[UserFrame]:
@@ -393,8 +389,6 @@ def original_of(obj: Any) -> Any:
 
 
 def reset_dynamo() -> None:
-    import torch._dynamo
-
     torch._dynamo.reset()
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import sympy
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 
 def to_sympy(value: Any) -> sympy.Expr:
@@ -65,7 +66,5 @@ def shape_env_of(example_inputs: list[Any]) -> Any | None:
 
 def constant_value(tensor: torch.Tensor):
     """The Python value of a real 0-dim constant, read outside the compile-time fake mode."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     with unset_fake_temporarily():
         return tensor.item()

@@ -13,7 +13,7 @@ from typing import Any, Union
 import sympy
 import torch
 
-from torchfuse.ir.expr import Expr
+from torchfuse.ir.expr import Expr, read_buffers
 from torchfuse.ir.symbols import contiguous_strides, index_vars, product
 
 Shape = tuple[sympy.Expr, ...]
@@ -170,8 +170,6 @@ class Graph:
 
     def users(self) -> dict[str, list[Node]]:
         """For each buffer name, the nodes that read it (an output counts separately)."""
-        from torchfuse.ir.expr import read_buffers  # local: avoid a cycle at import
-
         result: dict[str, list[Node]] = {}
         for node in self.nodes:
             reads = node.reads() if isinstance(node, Extern) else read_buffers(node.body)

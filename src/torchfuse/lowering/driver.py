@@ -8,12 +8,16 @@ import operator
 import sympy
 import torch
 import torch.fx
+from torch.utils._pytree import tree_leaves
 
-from torchfuse.frontend.symbolic import is_symbolic, offset_of, shape_of, strides_of, to_sympy
+from torchfuse.frontend.symbolic import constant_value, is_symbolic, offset_of, shape_of, strides_of, to_sympy
+from torchfuse.ir.expr import Const
 from torchfuse.ir.graph import Buffer, ExternArg, Graph, GraphOutput
 from torchfuse.ir.symbols import PyFloorDiv, PyMod
 from torchfuse.lowering import registry
+from torchfuse.lowering import rules  # noqa: F401  (importing it registers every rule)
 from torchfuse.lowering.context import LoweringContext
+from torchfuse.lowering.extern import lower_extern
 from torchfuse.lowering.values import TensorValue
 
 
@@ -26,8 +30,6 @@ def lower(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
     Returns:
         The loop-level graph. Ops without a rule become Extern calls, listed in ``fallbacks``.
     """
-    from torchfuse.lowering import rules  # noqa: F401  (registers every rule)
-
     graph = Graph(name=name)
     ctx = LoweringContext(graph)
     env: dict[torch.fx.Node, Any] = {}
@@ -70,9 +72,6 @@ def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, position: int)
 
 def _lower_constant(ctx: LoweringContext, name: str, tensor: torch.Tensor) -> TensorValue:
     """A tensor the graph holds (a lifted constant): a scalar is inlined, else a buffer."""
-    from torchfuse.frontend.symbolic import constant_value
-    from torchfuse.ir.expr import Const
-
     if tensor.dim() == 0:
         value = constant_value(tensor)
         return ctx.pointwise((), tensor.dtype, tensor.device, lambda idx: Const(tensor.dtype, value))
@@ -98,15 +97,11 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
         result = rule(ctx, node, *args, **kwargs)
         if result is not NotImplemented:
             return result
-    from torchfuse.lowering.extern import lower_extern
-
     ctx.graph.fallbacks.append(_op_name(node.target))
     return lower_extern(ctx, node, args, kwargs)
 
 
 def _touches_complex(node: torch.fx.Node) -> bool:
-    from torch.utils._pytree import tree_leaves
-
     values = [node.meta.get("val")] + [n.meta.get("val") for n in node.all_input_nodes]
     return any(isinstance(v, torch.Tensor) and v.is_complex() for v in tree_leaves(values))
 

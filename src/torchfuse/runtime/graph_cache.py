@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchfuse.frontend.symbolic import constant_value
+from torchfuse.runtime import cpp_build
 from torchfuse.runtime.kernel_cache import cache_dir
 
 FORMAT = "graph-cache-1"
@@ -124,8 +126,6 @@ def _describe(value: Any) -> str:
 
 def _describe_constant(tensor: torch.Tensor) -> str:
     """0-d constants are inlined into kernels, so their value is part of the code."""
-    from torchfuse.frontend.symbolic import constant_value
-
     if isinstance(tensor, torch.Tensor) and tensor.dim() == 0:
         return f"value={constant_value(tensor)!r}"
     return ""
@@ -133,9 +133,7 @@ def _describe_constant(tensor: torch.Tensor) -> str:
 
 def _machine(target: str) -> str:
     if target == "cpp":
-        from torchfuse.runtime.cpp_build import _cpu_identity
-
-        return _cpu_identity()
+        return cpp_build._cpu_identity()
     return ""
 
 

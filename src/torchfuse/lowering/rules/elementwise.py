@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from torchfuse.frontend.aot import FMA_OPS
 from torchfuse.frontend.symbolic import strides_of
 from torchfuse.ir.expr import Const, Expr, Op, Where
 from torchfuse.lowering.context import LoweringContext
@@ -266,7 +267,7 @@ def tanh_backward(ctx: LoweringContext, node: torch.fx.Node, grad: Any, y: Any) 
                         lambda a: Op(c, "mul", (a[0], Op(c, "sub", (one, Op(c, "mul", (a[1], a[1])))))))
 
 
-@register_lowering(torch.ops.prims.fma.default)
+@register_lowering(*FMA_OPS)
 def fma(ctx: LoweringContext, node: torch.fx.Node, a: Any, b: Any, c: Any) -> Any:
     """``a * b + c`` rounded once (``lerp``'s decomposition produces it, e.g. in AdamW).
 

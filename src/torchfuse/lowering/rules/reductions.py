@@ -16,7 +16,7 @@ from torchfuse.ir.expr import Const, Expr, Op
 from torchfuse.ir.symbols import product
 from torchfuse.lowering.context import LoweringContext
 from torchfuse.lowering.registry import register_lowering
-from torchfuse.lowering.rules.common import HALF_DTYPES, cast, opmath, out_meta
+from torchfuse.lowering.rules.common import HALF_DTYPES, cast, opmath, operand, out_meta
 from torchfuse.lowering.rules.views import squeeze_unsqueeze  # noqa: F401  (view helpers)
 from torchfuse.lowering.values import TensorValue
 
@@ -155,8 +155,6 @@ def mean(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dims: Any = 
 
 def _divide(ctx: LoweringContext, value: TensorValue, count: sympy.Expr, dtype: torch.dtype) -> TensorValue:
     """``value / count`` as a ``dtype`` result, divided in opmath (a half count may not be exact)."""
-    from torchfuse.lowering.rules.common import operand
-
     compute = opmath(dtype)
 
     def fn(v: Expr) -> Expr:

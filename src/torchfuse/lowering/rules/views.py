@@ -7,6 +7,7 @@ import sympy
 import torch
 import torch.fx
 
+from torchfuse.frontend.symbolic import shape_of
 from torchfuse.ir.symbols import FloorDiv, ModIndex, contiguous_strides, product
 from torchfuse.lowering.context import LoweringContext
 from torchfuse.lowering.registry import register_lowering
@@ -212,8 +213,6 @@ def split(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, sizes: Any,
 
 
 def _narrow(x: TensorValue, dim: int, start: sympy.Expr, meta: torch.Tensor) -> TensorValue:
-    from torchfuse.frontend.symbolic import shape_of
-
     def index_of_new(new_index: Index) -> Index:
         old = list(new_index)
         old[dim] = start + new_index[dim]
@@ -224,8 +223,6 @@ def _narrow(x: TensorValue, dim: int, start: sympy.Expr, meta: torch.Tensor) -> 
 
 @register_lowering(aten.unbind)
 def unbind(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim: int = 0) -> tuple:
-    from torchfuse.frontend.symbolic import shape_of
-
     dim = dim % x.rank
     outputs = []
     for k, meta in enumerate(node.meta["val"]):

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchfuse.diagnostics import report as reports
-from torchfuse.diagnostics.advice import Advice, advise_break, advise_graph_op, recompile_advice
+from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend import dynamo_events as dyn
 from torchfuse.frontend.dynamo_events import FrameCompile, RecompileLimitHit, ShapeChange, UserFrame
+from torchfuse.tools.advice import Advice, advise_break, advise_graph_op, recompile_advice
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class FunctionStats:
     wall_s: float = 0.0  # inside calls of the compiled function, compiling included
     compile_in_calls_s: float = 0.0
     compiles: list[FrameCompile] = field(default_factory=list)
-    graphs: list[reports.GraphReport] = field(default_factory=list)
+    graphs: list[GraphReport] = field(default_factory=list)
     recompiles: list[RecompileInfo] = field(default_factory=list)
     limit_hits: list[RecompileLimitHit] = field(default_factory=list)
     eager_s_per_call: float | None = None  # from a baseline run, when there was one
@@ -172,7 +173,7 @@ class Observation:
         self.events.__exit__(*exc)
 
     # -- findings -----------------------------------------------------------------------------
-    def graphs(self) -> list[reports.GraphReport]:
+    def graphs(self) -> list[GraphReport]:
         return reports.report().graphs[self._graphs_before:]
 
     def compiles(self) -> list[FrameCompile]:

@@ -15,11 +15,11 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from torchfuse.diagnostics.advice import recompile_limit_advice
-from torchfuse.diagnostics.explain import format_bytes
+from torchfuse.diagnostics.summary import format_bytes
+from torchfuse.tools.advice import recompile_limit_advice
 
 if TYPE_CHECKING:
-    from torchfuse.diagnostics.doctor import DoctorResult
+    from torchfuse.tools.doctor import DoctorResult
 
 
 def render(result: "DoctorResult", console: Any = None) -> None:

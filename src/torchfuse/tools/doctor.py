@@ -25,13 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
+from rich.console import Console
 
-from torchfuse.diagnostics import report as reports
-from torchfuse.diagnostics.explain import break_from_error
-from torchfuse.diagnostics.observe import (BreakInfo, FunctionStats, GraphFinding, Observation, RecompileInfo,
-                                           function_key)
+from torchfuse.api import backend as torchfuse_backend
+from torchfuse.diagnostics.html import render_report
+from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend import dynamo_events as dyn
 from torchfuse.frontend.dynamo_events import RecompileLimitHit
+from torchfuse.tools.doctor_html import doctor_sections
+from torchfuse.tools.doctor_render import render
+from torchfuse.tools.explain import break_from_error
+from torchfuse.tools.observe import (BreakInfo, FunctionStats, GraphFinding, Observation, RecompileInfo,
+                                     function_key)
 
 
 @dataclass
@@ -44,22 +49,18 @@ class DoctorResult:
     breaks: list[BreakInfo] = field(default_factory=list)
     recompiles: list[RecompileInfo] = field(default_factory=list)
     limit_hits: list[RecompileLimitHit] = field(default_factory=list)
-    graphs: list[reports.GraphReport] = field(default_factory=list)
+    graphs: list[GraphReport] = field(default_factory=list)
     findings: list[GraphFinding] = field(default_factory=list)
     error: str | None = None  # the script's traceback, if it raised
     html_path: str | None = None
 
     def text(self, width: int = 120) -> str:
         """The report as plain text (what ``render`` prints, without colors)."""
-        from rich.console import Console
-
         buffer = io.StringIO()
         self.render(Console(file=buffer, width=width, force_terminal=False, color_system=None))
         return buffer.getvalue()
 
     def render(self, console: Any = None) -> None:
-        from torchfuse.diagnostics.doctor_render import render
-
         render(self, console)
 
 
@@ -155,11 +156,7 @@ def _hooked(entries: _EntryPoints, module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _backend_named(name: str) -> Any:
-    if name == "torchfuse":
-        from torchfuse.api import backend
-
-        return backend
-    return name
+    return torchfuse_backend if name == "torchfuse" else name
 
 
 def run_script(script: str, argv: list[str] | None = None, *, html: str | None = None,
@@ -194,11 +191,9 @@ def run_script(script: str, argv: list[str] | None = None, *, html: str | None =
         breaks=breaks, recompiles=observation.recompiles(), limit_hits=observation.limit_hits(),
         graphs=observation.graphs(), findings=observation.graph_findings(), error=error)
     if html:
-        from torchfuse.diagnostics.html import render_report
-
         title = f"torchfuse doctor: {os.path.basename(path)}"
         with open(html, "w", encoding="utf-8") as handle:
-            handle.write(render_report(reports.Report(result.graphs), title=title, doctor=result))
+            handle.write(render_report(result.graphs, title=title, preface=doctor_sections(result)))
         result.html_path = os.path.abspath(html)
     return result
 
@@ -233,7 +228,7 @@ def _run_baseline(path: str, argv: list[str]) -> dict[str, float]:
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     try:
-        subprocess.run([sys.executable, "-m", "torchfuse.diagnostics.doctor", out, path, *argv], env=env,
+        subprocess.run([sys.executable, "-m", "torchfuse.tools.doctor", out, path, *argv], env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=3600)
         with open(out, encoding="utf-8") as result:
             return json.load(result)
@@ -254,5 +249,5 @@ def _baseline_main(out: str, path: str, argv: list[str]) -> None:
         json.dump(means, handle)
 
 
-if __name__ == "__main__":  # the baseline run: python -m torchfuse.diagnostics.doctor OUT SCRIPT ARGS...
+if __name__ == "__main__":  # the baseline run: python -m torchfuse.tools.doctor OUT SCRIPT ARGS...
     _baseline_main(sys.argv[1], sys.argv[2], sys.argv[3:])

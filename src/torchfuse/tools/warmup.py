@@ -12,8 +12,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torchfuse.diagnostics.observe import Observation
 from torchfuse.frontend import dynamo_events as dyn
+from torchfuse.ir.printer import dtype_name
+from torchfuse.tools.observe import Observation
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,6 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _describe(args: tuple, kwargs: dict) -> str:
-    from torchfuse.ir.printer import dtype_name
-
     def one(value: Any) -> str:
         if isinstance(value, torch.Tensor):
             return f"{dtype_name(value.dtype)}[{', '.join(str(s) for s in value.shape)}]"
