@@ -2,450 +2,265 @@
 
     python scripts/opinfo_sweep.py --target cpp --json sweep-cpp.json
     python scripts/opinfo_sweep.py --target triton --ops add,sum,cat
-    python scripts/opinfo_sweep.py --backend inductor --json sweep-inductor.json
+    python scripts/opinfo_sweep.py --backends torchfuse,inductor --workers 2 --max-samples 3 --json both.json
+    python scripts/opinfo_sweep.py --device cuda --dtype bfloat16 --backends torchfuse,inductor --workers 14 \\
+        --max-samples 3 --deadline 500 --json bf16.json          # then --resume bf16.json to go on
+    python scripts/opinfo_sweep.py --table both.json old-inductor.json
 
-Each sample's outcome is one of:
+Each sample's outcome, per backend, is one of:
   pass      the compiled result matches eager (float64 reference decides the tolerance)
   mismatch  a wrong result (the worst outcome)
   error     the compiler raised (torchfuse's strict mode turns internal errors into exceptions)
   skip      eager itself fails, the op is random/nondeterministic, or it has no samples of the dtype
 An op's outcome is its worst sample's (mismatch > error > pass; skip when every sample skipped).
 
-Ops run in a worker process: an op that hangs past ``--timeout`` or crashes the process is recorded
-as an error and the worker is restarted, so one op never ends the sweep.
+With several ``--backends`` each sample is made once and run by every backend (eager and the
+float64 reference once too), so the counts are side by side on the same samples. Ops run in
+``--workers`` processes taking ops from one queue: an op that hangs past ``--timeout`` or crashes
+its process is an error of the backend that was running it, and the worker is restarted.
+``--deadline`` stops handing out ops after that many seconds and writes the results so far, with
+the ops not run listed; ``--resume`` continues such a file.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
-import traceback
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-# Run from a checkout without installing: the worktree's src/ comes first.
-_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-if _SRC not in sys.path:
-    sys.path.insert(0, _SRC)
+# Run from a checkout without installing: the worktree's src/ first, and the root for `scripts.`.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _path in (os.path.join(_ROOT, "src"), _ROOT):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
-OUTCOMES = ("pass", "mismatch", "error", "skip")
-_SEVERITY = {"mismatch": 3, "error": 2, "pass": 1, "skip": 0}
+from scripts.opinfo_pool import OpRecord, Pool, SweepConfig  # noqa: E402
+from scripts.opinfo_run import (NONDETERMINISTIC, OUTCOMES, TOLERANCE, Backend, OpResult, SampleResult,  # noqa: E402,F401
+                                _SEVERITY, all_ops, compare, run_op, run_op_side_by_side, worst_outcome)
 
-# Ops whose results are not a function of their inputs (fresh random numbers or uninitialized
-# memory). Most random ops are also caught by running eager twice (see ``_is_nondeterministic``);
-# this list holds the ones that can repeat by chance (uninitialized memory often does).
-NONDETERMINISTIC = {
-    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
-    "bernoulli", "normal", "uniform", "multinomial", "randint", "randint_like", "rand_like",
-    "randn_like", "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
-    "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout", "nn.functional.rrelu",
-    "cauchy", "exponential", "geometric", "log_normal", "torch.ops.aten._efficientzerotensor",
-}
-
-# Tolerances against the float64 reference, per dtype: |actual - ref| <= atol + rtol * |ref|.
-TOLERANCE = {"float32": (1e-5, 1e-4), "float64": (1e-10, 1e-9), "float16": (1e-3, 2e-2), "bfloat16": (1e-2, 3e-2)}
-
-
-@dataclass
-class SampleResult:
-    index: int
-    outcome: str
-    detail: str = ""
-
-
-@dataclass
-class OpResult:
-    name: str
-    outcome: str
-    samples: list[SampleResult] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def first_detail(self) -> str:
-        worst = [s for s in self.samples if s.outcome == self.outcome]
-        return worst[0].detail if worst else (self.samples[0].detail if self.samples else "")
+Records = dict[str, OpRecord]  # by op name
 
 
 # ---------------------------------------------------------------------------------------------
-# Comparing results
+# Counting
 
 
-def compare(actual: Any, expected: Any, reference: Any, dtype_name: str,
-            tolerance: tuple[float, float] | None = None) -> str | None:
-    """None when ``actual`` matches eager's ``expected``; else why not.
+def summarize(records: Records, label: str) -> dict[str, Any]:
+    """One backend's counts over the records that have it."""
+    results = [r.runs[label] for r in records.values() if label in r.runs]
+    ops = {o: sorted(r.name for r in results if r.outcome == o) for o in OUTCOMES}
+    samples = {o: sum(1 for r in results for s in r.samples if s.outcome == o) for o in OUTCOMES}
+    eager_only = sum(1 for r in results for s in r.samples if s.outcome == "pass" and s.detail.startswith("no graph"))
+    seconds = sum(r.seconds for r in results)
+    return {"op_counts": {o: len(ops[o]) for o in OUTCOMES}, "sample_counts": samples,
+            "passes_without_a_graph": eager_only, "seconds": round(seconds, 1),
+            "seconds_per_op": round(seconds / max(1, len(results)), 3), "ops": ops}
 
-    NaN must appear exactly where eager has NaN; where eager is infinite the compiled value must
-    be the same infinity; elsewhere the compiled value must be as close to the float64
-    ``reference`` as eager is (twice eager's error), or within the dtype's tolerance of it, or
-    within torch.testing's default tolerance of eager. ``tolerance`` (atol, rtol) replaces the
-    dtype's against the reference.
+
+def outcomes_by_sample(records: Records, label: str) -> dict[tuple[str, int], SampleResult]:
+    return {(r.name, s.index): s for r in records.values() if label in r.runs for s in r.runs[label].samples}
+
+
+def side_by_side(records: Records, first: str, second: str) -> dict[str, Any]:
+    """Both backends on the samples both ran: counts, and the samples one passes and the other not."""
+    a, b = outcomes_by_sample(records, first), outcomes_by_sample(records, second)
+    common = sorted(set(a) & set(b))
+
+    def only(mine: dict, theirs: dict) -> list[dict[str, Any]]:
+        return [{"op": op, "index": index, "other": theirs[op, index].outcome, "detail": theirs[op, index].detail[:300]}
+                for op, index in common if mine[op, index].outcome == "pass" and theirs[op, index].outcome != "pass"]
+
+    return {"backends": [first, second], "samples": len(common),
+            "sample_counts": {label: {o: sum(1 for k in common if runs[k].outcome == o) for o in OUTCOMES}
+                              for label, runs in ((first, a), (second, b))},
+            f"{first} passes, {second} does not": only(a, b), f"{second} passes, {first} does not": only(b, a)}
+
+
+def all_side_by_side(records: Records, labels: list[str]) -> list[dict[str, Any]]:
+    return [side_by_side(records, x, y) for i, x in enumerate(labels) for y in labels[i + 1:]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Results files
+
+
+def load_records(path: str, max_samples: int | None = None) -> tuple[list[str], Records]:
+    """The labels and ops of a results file (this format or the single-backend one before it),
+    cut to the first ``max_samples`` samples so that counts stay comparable."""
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("format") == 2:
+        labels, records = data["labels"], {r["name"]: OpRecord.from_dict(r) for r in data["results"]}
+    else:
+        labels = [data["label"]]
+        records = {}
+        for raw in data["results"]:
+            samples = [SampleResult(**s) for s in raw["samples"]]
+            result = OpResult(raw["name"], raw["outcome"], samples, raw.get("seconds", 0.0))
+            records[raw["name"]] = OpRecord(raw["name"], {data["label"]: result}, raw.get("seconds", 0.0))
+    for record in records.values():
+        for result in record.runs.values():
+            if max_samples is not None and len(result.samples) > max_samples:
+                result.samples = result.samples[:max_samples]
+                result.outcome = worst_outcome(result.samples)
+    return labels, records
+
+
+def write_json(path: str, args: argparse.Namespace, config: SweepConfig, records: Records, not_run: list[str],
+               elapsed: float) -> None:
+    labels = config.labels
+    data = {"format": 2, "labels": labels, "device": config.device, "dtype": config.dtype,
+            "max_samples": config.max_samples, "workers": args.workers, "seconds": round(elapsed, 1),
+            "complete": not not_run, "not_run": sorted(not_run),
+            "summary": {label: summarize(records, label) for label in labels},
+            "side_by_side": all_side_by_side(records, labels),
+            "results": [records[name].to_dict() for name in sorted(records)]}
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)  # an interrupted write never leaves half a file
+
+
+# ---------------------------------------------------------------------------------------------
+# Printing
+
+
+def _counts_row(counts: dict[str, int]) -> str:
+    return " ".join(f"{counts[o]:>8}" for o in OUTCOMES)
+
+
+def print_summary(records: Records, labels: list[str], title: str) -> None:
+    print(f"\n== {title}")
+    print(f"{'backend':20} samples: " + " ".join(f"{o:>8}" for o in OUTCOMES) + "  |  ops: "
+          + " ".join(f"{o:>8}" for o in OUTCOMES) + "  |  s/op  no-graph passes")
+    summaries = {label: summarize(records, label) for label in labels}
+    for label, s in summaries.items():
+        print(f"{label:20}          {_counts_row(s['sample_counts'])}  |       {_counts_row(s['op_counts'])}  |"
+              f" {s['seconds_per_op']:5.2f}  {s['passes_without_a_graph']}")
+    for pair in all_side_by_side(records, labels):
+        first, second = pair["backends"]
+        print(f"\nside by side on the {pair['samples']} samples both ran:")
+        for label, counts in pair["sample_counts"].items():
+            print(f"  {label:20} " + "  ".join(f"{o} {n}" for o, n in counts.items()))
+        for key in (f"{first} passes, {second} does not", f"{second} passes, {first} does not"):
+            print(f"  {key}: {len(pair[key])}")
+            for item in pair[key][:40]:
+                print(f"    {item['op']} sample {item['index']}: {item['other']}: {item['detail'][:160]}")
+    for label in labels:
+        _print_failures(records, label, skips=label == labels[0])
+
+
+def _print_failures(records: Records, label: str, skips: bool) -> None:
+    """Mismatches and errors (every failing sample), then skipped ops (only for the first backend)."""
+    results = sorted((r.runs[label] for r in records.values() if label in r.runs), key=lambda r: r.name)
+    for outcome in ("mismatch", "error") + (("skip",) if skips else ()):
+        chosen = [r for r in results if r.outcome == outcome]
+        if not chosen:
+            continue
+        print(f"\n-- {label}: {outcome} ({len(chosen)} ops)")
+        for result in chosen:
+            if outcome == "skip":
+                print(f"  {result.name}: {result.first_detail[:160]}")
+                continue
+            for s in (s for s in result.samples if s.outcome == outcome):
+                print(f"  {result.name} sample {s.index}: {s.detail}" + (f"\n      inputs: {s.sample}" if s.sample else ""))
+
+
+def print_table(paths: list[str]) -> None:
+    """Sample and op counts of several runs, restricted to the (op, sample) pairs every run has.
+
+    A file of several backends gives one run per backend (named ``backend [file]`` where several
+    files have that backend).
     """
-    import torch
-    from torch.utils._pytree import tree_flatten
-
-    flat_a, spec_a = tree_flatten(actual)
-    flat_e, spec_e = tree_flatten(expected)
-    flat_r, spec_r = tree_flatten(reference) if reference is not None else (None, None)
-    if spec_a != spec_e:
-        return f"output structure {spec_a} != eager's {spec_e}"
-    if flat_r is None or spec_r != spec_e:
-        flat_r = flat_e
-    for i, (a, e, r) in enumerate(zip(flat_a, flat_e, flat_r)):
-        why = _compare_leaf(a, e, r, dtype_name, tolerance)
-        if why:
-            return f"output {i}: {why}"
-    return None
-
-
-def _compare_leaf(a: Any, e: Any, r: Any, dtype_name: str, tolerance: tuple[float, float] | None = None) -> str | None:
-    import torch
-
-    if not isinstance(e, torch.Tensor):
-        if isinstance(a, torch.Tensor):
-            return f"tensor where eager has {type(e).__name__}"
-        if isinstance(e, float) and isinstance(a, float):
-            return None if (math.isnan(a) and math.isnan(e)) or math.isclose(a, e, rel_tol=1e-5, abs_tol=1e-6) else f"{a} != {e}"
-        return None if a == e else f"{a!r} != {e!r}"
-    if not isinstance(a, torch.Tensor):
-        return f"{type(a).__name__} where eager has a tensor"
-    if a.shape != e.shape:
-        return f"shape {tuple(a.shape)} != {tuple(e.shape)}"
-    if a.dtype != e.dtype:
-        return f"dtype {a.dtype} != {e.dtype}"
-    if a.device != e.device:
-        return f"device {a.device} != {e.device}"
-    if a.layout != e.layout:
-        return f"layout {a.layout} != {e.layout}"
-    if e.layout != torch.strided:  # sparse results: compare their dense values
-        a, e = a.to_dense(), e.to_dense()
-        r = r.to_dense() if isinstance(r, torch.Tensor) and r.layout != torch.strided else r
-    a, e = a.detach().cpu(), e.detach().cpu()
-    r = r.detach().cpu() if isinstance(r, torch.Tensor) and r.shape == e.shape else e
-    if e.is_complex():  # resolve_conj: view_as_real refuses a lazily conjugated tensor
-        a, e = (torch.view_as_real(v.resolve_conj()) if v.is_complex() else v for v in (a, e))
-        r = torch.view_as_real(r.resolve_conj()) if r.is_complex() else e
-        if a.shape != e.shape:
-            return "complex where eager is real (or the reverse)"
-    if not e.is_floating_point():
-        return None if torch.equal(a, e) else f"{_count(a != e)} of {e.numel()} elements differ (exact dtype)"
-    return _compare_floats(a, e, r, tolerance or TOLERANCE.get(dtype_name, TOLERANCE["float32"]))
+    loaded = [(path, *load_records(path)) for path in paths]
+    seen = [label for _, labels, _ in loaded for label in labels]
+    repeated = {label for label in seen if seen.count(label) > 1}
+    runs: dict[str, dict[tuple[str, int], str]] = {}
+    for path, labels, records in loaded:
+        for label in labels:
+            name = f"{label} [{os.path.basename(path)}]" if label in repeated else label
+            runs[name] = {k: s.outcome for k, s in outcomes_by_sample(records, label).items()}
+    common = set.intersection(*(set(outcomes) for outcomes in runs.values()))
+    print(f"{len(common)} samples of {len({op for op, _ in common})} ops ran in every run")
+    print(f"{'run':28} " + " ".join(f"{o:>9}" for o in OUTCOMES) + "   ops: " + " ".join(f"{o:>8}" for o in OUTCOMES))
+    for label, outcomes in runs.items():
+        samples = {o: sum(1 for key in common if outcomes[key] == o) for o in OUTCOMES}
+        per_op: dict[str, str] = {}
+        for (op, _), outcome in ((key, outcomes[key]) for key in common):
+            per_op[op] = max(per_op.get(op, "skip"), outcome, key=_SEVERITY.__getitem__)
+        ops = {o: sum(1 for v in per_op.values() if v == o) for o in OUTCOMES}
+        print(f"{label:28} " + " ".join(f"{samples[o]:>9}" for o in OUTCOMES) + "        "
+              + " ".join(f"{ops[o]:>8}" for o in OUTCOMES))
+    labels = list(runs)
+    for i, first in enumerate(labels):
+        for second in labels[i + 1:]:
+            a = sum(1 for k in common if runs[first][k] == "pass" and runs[second][k] != "pass")
+            b = sum(1 for k in common if runs[second][k] == "pass" and runs[first][k] != "pass")
+            print(f"{first} vs {second}: passes only {first}: {a}, only {second}: {b}")
 
 
-def _compare_floats(a, e, r, tolerance: tuple[float, float]) -> str | None:
-    import torch
+class Progress:
+    """Collects records as workers finish them: failures at once, counts every ``every`` ops, the
+    results file every 20 ops or 30 s."""
 
-    a, e, r = a.to(torch.float64), e.to(torch.float64), r.to(torch.float64)
-    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
-    if not torch.equal(nan_a, nan_e):
-        return f"NaN where eager has a number at {_count(nan_a & ~nan_e)} elements, number where eager has NaN at {_count(nan_e & ~nan_a)}"
-    inf_e = torch.isinf(e)
-    if not torch.equal(a[inf_e], e[inf_e]):
-        return f"{_count(a[inf_e] != e[inf_e])} elements differ where eager is infinite"
-    finite = torch.isfinite(e)
-    if not torch.isfinite(a[finite]).all():
-        return f"{_count(~torch.isfinite(a[finite]))} infinities where eager is finite"
-    ref = torch.where(torch.isfinite(r), r, e)[finite]
-    a, e = a[finite], e[finite]
-    atol, rtol = tolerance
-    allowed = torch.maximum(2 * (e - ref).abs(), atol + rtol * ref.abs())
-    near_eager = (a - e).abs() <= 1e-5 + 1.3e-6 * e.abs()
-    bad = ((a - ref).abs() > allowed) & ~near_eager
-    if bad.any():
-        worst = int(((a - ref).abs() - allowed).argmax())
-        return (f"{_count(bad)} of {e.numel()} elements out of tolerance, e.g. {a[worst].item():.6g} vs eager "
-                f"{e[worst].item():.6g} (float64 {ref[worst].item():.6g})")
-    return None
+    def __init__(self, records: Records, total: int, labels: list[str], every: int, save) -> None:
+        self.records, self.total, self.labels, self.every, self.save = records, total, labels, max(1, every), save
+        self.start = self.saved = time.monotonic()
+        self.done = 0
 
+    def __call__(self, record: OpRecord) -> None:
+        self.records[record.name] = record
+        self.done += 1
+        elapsed = time.monotonic() - self.start
+        for label, result in record.runs.items():
+            bad = result.first_bad
+            if result.outcome in ("mismatch", "error") and bad is not None:
+                print(f"[{self.done}/{self.total}] {record.name}: {label} {result.outcome} at sample {bad.index}: "
+                      f"{bad.detail[:200]}", flush=True)
+        if self.done % self.every == 0 or self.done == self.total:
+            counts = " | ".join(f"{label}: " + " ".join(f"{o} {n}" for o, n in self._counts(label).items())
+                                for label in self.labels)
+            print(f"[{self.done}/{self.total} ops, {elapsed:.0f} s] samples {counts}", flush=True)
+        if self.done % 20 == 0 or time.monotonic() - self.saved > 30:
+            self.save()
+            self.saved = time.monotonic()
 
-def _count(mask) -> int:
-    return int(mask.sum().item())
-
-
-# ---------------------------------------------------------------------------------------------
-# Running one op
-
-
-def op_key(op) -> str:
-    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
-
-
-def all_ops() -> dict[str, Any]:
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    return {op_key(op): op for op in op_db}
-
-
-def _split_tensors(args: Any) -> tuple[list, Callable[[list], Any]]:
-    """The tensors among ``args`` (graph inputs) and a function putting new tensors in their place."""
-    import torch
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
-    leaves, spec = tree_flatten(args)
-    slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-
-    def rebuild(tensors: list) -> Any:
-        new = list(leaves)
-        for slot, tensor in zip(slots, tensors):
-            new[slot] = tensor
-        return tree_unflatten(new, spec)
-
-    return [leaves[i] for i in slots], rebuild
-
-
-def _clone(tensors: list, dtype=None) -> list:
-    """Fresh copies (ops may write their inputs), keeping strides; floats cast to ``dtype`` if given."""
-    import torch
-
-    out = []
-    for t in tensors:
-        c = _exact_copy(t)
-        if dtype is not None and c.is_floating_point():
-            c = c.to(dtype)
-        out.append(c)
-    return out
-
-
-def _exact_copy(t):
-    """A copy with t's storage, offset and strides (overlapping and offset views stay so)."""
-    import torch
-
-    if t.layout != torch.strided or t.device.type == "meta":
-        return t.clone()
-    copy = torch.empty(0, dtype=t.dtype, device=t.device)
-    return copy.set_(t.untyped_storage().clone(), t.storage_offset(), t.shape, t.stride())
-
-
-def make_compiler(target: str, backend: str) -> Callable[[Callable], Callable]:
-    import torch
-
-    if backend == "inductor":
-        return lambda fn: torch.compile(fn, backend="inductor", dynamic=False)
-    import torchfuse
-
-    return lambda fn: torchfuse.compile(fn, dynamic=False, options={"strict": True, "target": target})
-
-
-def run_sample(op, sample, index: int, compiler: Callable[[Callable], Callable], dtype_name: str,
-               has_float64: bool) -> SampleResult:
-    """One sample: eager (twice, to catch randomness), a float64 reference, and the compiled op."""
-    import torch
-
-    tensors, rebuild = _split_tensors((sample.input, sample.args, sample.kwargs))
-
-    def fn(*inputs):
-        first, args, kwargs = rebuild(list(inputs))
-        return op.op(first, *args, **kwargs)
-
-    try:
-        expected = fn(*_clone(tensors))
-        again = fn(*_clone(tensors))
-    except Exception as error:  # noqa: BLE001 - eager rejects the sample: nothing to compare
-        return SampleResult(index, "skip", f"eager fails: {_first_line(error)}")
-    if compare(again, expected, None, dtype_name) is not None:
-        return SampleResult(index, "skip", "nondeterministic (eager differs between two runs)")
-    reference = None
-    if has_float64:
-        try:
-            reference = fn(*_clone(tensors, torch.float64))
-        except Exception:  # noqa: BLE001 - no float64 reference: eager's result is the reference
-            reference = None
-    graphs_before = _torchfuse_graphs()
-    try:
-        actual = compiler(fn)(*_clone(tensors))
-    except Exception as error:  # noqa: BLE001 - the compiler failed: an error, not a crash of the sweep
-        return SampleResult(index, "error", f"{type(error).__name__}: {_first_line(error)}")
-    why = compare(actual, expected, reference, dtype_name)
-    if why:
-        return SampleResult(index, "mismatch", why)
-    # A pass where Dynamo captured no graph (the op ran eagerly) tested nothing of ours: say so.
-    compiled_none = graphs_before is not None and _torchfuse_graphs() == graphs_before
-    return SampleResult(index, "pass", "no graph compiled (ran eagerly)" if compiled_none else "")
-
-
-def _torchfuse_graphs() -> int | None:
-    """How many graphs torchfuse has compiled in this process (None when torchfuse is not loaded)."""
-    if "torchfuse" not in sys.modules:
-        return None
-    import torchfuse
-
-    return len(torchfuse.report().graphs)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    # Dynamo wraps backend errors; the useful line is the innermost one it quotes.
-    lines = [line for line in text.splitlines() if line.strip()]
-    for line in lines:
-        if "Error" in line and "BackendCompilerFailed" not in line and "backend=" not in line:
-            return line.strip()[:300]
-    return (lines[0] if lines else repr(error))[:300]
-
-
-def _samples(op, dtype, max_samples: int | None):
-    """The op's first ``max_samples`` samples; an exception building one is yielded, then stops."""
-    try:
-        for index, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=False)):
-            if max_samples is not None and index >= max_samples:
-                return
-            yield sample
-    except Exception as error:  # noqa: BLE001 - OpInfo's sample generator failed
-        yield error
-
-
-def run_op(name: str, target: str, backend: str, dtype_name: str, max_samples: int | None) -> OpResult:
-    """Every sample of one op; Dynamo's caches are reset before and after."""
-    import torch
-    import torch._dynamo
-
-    op = all_ops()[name]
-    dtype = getattr(torch, dtype_name)
-    start = time.perf_counter()
-    torch._dynamo.reset()
-    if name in NONDETERMINISTIC or op.name in NONDETERMINISTIC:
-        return OpResult(name, "skip", [SampleResult(0, "skip", "random or nondeterministic op")])
-    if dtype not in op.supported_dtypes("cpu"):
-        return OpResult(name, "skip", [SampleResult(0, "skip", f"no {dtype_name} samples")])
-    has_float64 = torch.float64 in op.supported_dtypes("cpu")
-    compiler = make_compiler(target, backend)
-    results = []
-    for index, sample in enumerate(_samples(op, dtype, max_samples)):
-        if isinstance(sample, Exception):  # OpInfo could not build the sample: nothing to compare
-            results.append(SampleResult(index, "skip", f"samples fail: {_first_line(sample)}"))
-            break
-        torch.manual_seed(index)
-        try:
-            results.append(run_sample(op, sample, index, compiler, dtype_name, has_float64))
-        except Exception as error:  # noqa: BLE001 - the sweep's own failure (e.g. comparing): never a pass
-            results.append(SampleResult(index, "error", f"sweep: {type(error).__name__}: {_first_line(error)}"))
-    torch._dynamo.reset()
-    outcome = max((r.outcome for r in results), key=_SEVERITY.__getitem__, default="skip")
-    return OpResult(name, outcome, results, time.perf_counter() - start)
-
-
-# ---------------------------------------------------------------------------------------------
-# The worker process (crash and timeout isolation)
-
-
-def _configure_worker() -> None:
-    import warnings
-
-    import torch
-    import torch._dynamo
-
-    warnings.filterwarnings("ignore")
-    # Every sample compiles a new closure of the same code object: Dynamo counts those as
-    # recompiles of one frame, and the default limit (8) would fall back to eager silently.
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 100000)
-    torch._dynamo.config.suppress_errors = False
-
-
-def _worker(conn, target: str, backend: str, dtype_name: str, max_samples: int | None) -> None:
-    _configure_worker()
-    while True:
-        name = conn.recv()
-        if name is None:
-            return
-        try:
-            result = run_op(name, target, backend, dtype_name, max_samples)
-        except BaseException as error:  # noqa: BLE001 - report, keep the worker alive
-            result = OpResult(name, "error", [SampleResult(0, "error", f"sweep: {type(error).__name__}: {_first_line(error)}"
-                                                           f" {traceback.format_exc(limit=2)[-200:]}")])
-        conn.send(asdict(result))
-
-
-class Worker:
-    """A process running ops one at a time; restarted after a crash or a timeout."""
-
-    def __init__(self, target: str, backend: str, dtype_name: str, max_samples: int | None) -> None:
-        self.config = (target, backend, dtype_name, max_samples)
-        self.process = None
-        self.conn = None
-
-    def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_worker, args=(child, *self.config), daemon=True)
-        self.process.start()
-
-    def run(self, name: str, timeout: float) -> OpResult:
-        if self.process is None or not self.process.is_alive():
-            self._start()
-        self.conn.send(name)
-        if self.conn.poll(timeout):
-            try:
-                return _from_dict(self.conn.recv())
-            except EOFError:
-                pass
-        else:
-            self.stop(kill=True)
-            return OpResult(name, "error", [SampleResult(0, "error", f"timeout after {timeout:.0f} s")], timeout)
-        code = self.process.exitcode if self.process else None
-        self.stop(kill=True)
-        return OpResult(name, "error", [SampleResult(0, "error", f"worker crashed (exit code {code})")])
-
-    def stop(self, kill: bool = False) -> None:
-        if self.process is None:
-            return
-        if kill:
-            self.process.kill()
-        else:
-            try:
-                self.conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-        self.process.join(10)
-        self.process = None
-
-
-def _from_dict(data: dict) -> OpResult:
-    return OpResult(data["name"], data["outcome"], [SampleResult(**s) for s in data["samples"]], data["seconds"])
+    def _counts(self, label: str) -> dict[str, int]:
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for record in self.records.values():
+            for s in record.runs[label].samples if label in record.runs else ():
+                counts[s.outcome] += 1
+        return counts
 
 
 # ---------------------------------------------------------------------------------------------
 # The command line
 
 
-def summarize(results: list[OpResult]) -> dict[str, Any]:
-    ops = {o: sorted(r.name for r in results if r.outcome == o) for o in OUTCOMES}
-    samples = {o: sum(1 for r in results for s in r.samples if s.outcome == o) for o in OUTCOMES}
-    eager_only = sum(1 for r in results for s in r.samples if s.outcome == "pass" and s.detail.startswith("no graph"))
-    return {"op_counts": {o: len(ops[o]) for o in OUTCOMES}, "sample_counts": samples,
-            "passes_without_a_graph": eager_only, "ops": ops}
-
-
-def print_summary(results: list[OpResult], label: str) -> None:
-    summary = summarize(results)
-    print(f"\n== {label}: {len(results)} ops")
-    print("ops:     " + "  ".join(f"{o} {n}" for o, n in summary["op_counts"].items()))
-    print("samples: " + "  ".join(f"{o} {n}" for o, n in summary["sample_counts"].items())
-          + f"  (passes where no graph was compiled: {summary['passes_without_a_graph']})")
-    by_name = {r.name: r for r in results}
-    for outcome in ("mismatch", "error", "skip", "pass"):
-        names = summary["ops"][outcome]
-        if not names:
-            continue
-        print(f"\n-- {outcome} ({len(names)})")
-        for name in names:
-            detail = by_name[name].first_detail if outcome != "pass" else ""
-            print(f"  {name}" + (f": {detail}" if detail else ""))
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", default="", help="comma-separated op names (op_db names, e.g. add,sum,nn.functional.pad)")
-    parser.add_argument("--target", default="cpp", choices=["cpp", "triton", "aten"], help="torchfuse target")
-    parser.add_argument("--backend", default="torchfuse", choices=["torchfuse", "inductor"])
+    parser.add_argument("--backends", "--backend", default="torchfuse",
+                        help="comma-separated: torchfuse, torchfuse:TARGET, inductor (all run on the same samples)")
+    parser.add_argument("--target", default=None, choices=["cpp", "triton", "aten"],
+                        help="torchfuse's target (default: cpp on cpu, triton on cuda)")
+    parser.add_argument("--device", default="cpu", help="where samples are made: cpu or cuda")
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     parser.add_argument("--limit", type=int, default=None, help="at most this many ops")
+    parser.add_argument("--shard", default=None, metavar="I/N", help="only every N-th op, starting at the I-th (0-based)")
     parser.add_argument("--max-samples", type=int, default=None, help="at most this many samples per op")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per op before the worker is killed")
-    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--workers", type=int, default=1, help="processes running ops in parallel")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads per worker (default: cores / workers)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per op before its worker is killed")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds from the start after which no op is handed out (results so far are written)")
+    parser.add_argument("--grace", type=float, default=30.0, help="seconds past --deadline that running ops may finish")
+    parser.add_argument("--progress", type=int, default=20, help="print the counts every this many ops")
+    parser.add_argument("--json", default=None, help="write the results here (also while running)")
     parser.add_argument("--table", nargs="+", default=None, metavar="JSON",
                         help="print counts of several --json files side by side on the samples all of them ran")
     parser.add_argument("--update", default=None, help="a --json file: run the --ops again and replace their "
@@ -455,86 +270,82 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def print_table(paths: list[str]) -> None:
-    """Sample and op counts of several runs, restricted to the (op, sample) pairs every run has."""
-    runs = []
-    for path in paths:
-        with open(path) as f:
-            data = json.load(f)
-        runs.append((data["label"], {(r["name"], s["index"]): s["outcome"] for r in data["results"] for s in r["samples"]}))
-    common = set.intersection(*(set(outcomes) for _, outcomes in runs))
-    print(f"{len(common)} samples of {len({op for op, _ in common})} ops ran in every run")
-    print(f"{'run':28} " + " ".join(f"{o:>9}" for o in OUTCOMES) + "   ops: " + " ".join(f"{o:>8}" for o in OUTCOMES))
-    for label, outcomes in runs:
-        samples = {o: sum(1 for key in common if outcomes[key] == o) for o in OUTCOMES}
-        per_op: dict[str, str] = {}
-        for (op, _), outcome in ((key, outcomes[key]) for key in common):
-            per_op[op] = max(per_op.get(op, "skip"), outcome, key=_SEVERITY.__getitem__)
-        ops = {o: sum(1 for v in per_op.values() if v == o) for o in OUTCOMES}
-        print(f"{label:28} " + " ".join(f"{samples[o]:>9}" for o in OUTCOMES) + "        "
-              + " ".join(f"{ops[o]:>8}" for o in OUTCOMES))
+def make_config(args: argparse.Namespace) -> SweepConfig:
+    device_type = args.device.split(":")[0]
+    target = args.target or ("triton" if device_type == "cuda" else "cpp")
+    backends = []
+    for spec in filter(None, (b.strip() for b in args.backends.split(","))):
+        name, _, own_target = spec.partition(":")  # torchfuse:aten names its target
+        if name not in ("torchfuse", "inductor") or (own_target and own_target not in ("cpp", "triton", "aten")):
+            raise SystemExit(f"unknown backend {spec!r} (torchfuse, torchfuse:TARGET, inductor)")
+        backends.append(Backend(name, own_target or target))
+    if not backends or len({b.label for b in backends}) != len(backends):
+        raise SystemExit(f"--backends {args.backends!r}: name each backend once")
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.workers))
+    return SweepConfig(tuple(backends), args.dtype, args.device, args.max_samples, threads)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.table:
-        print_table(args.table)
-        return 0
+def select_ops(args: argparse.Namespace) -> list[str]:
     names = sorted(all_ops())
     if args.ops:
         wanted = [n.strip() for n in args.ops.split(",") if n.strip()]
         unknown = [n for n in wanted if n not in names]
         if unknown:
-            print(f"unknown ops: {unknown}", file=sys.stderr)
-            return 2
+            raise SystemExit(f"unknown ops: {unknown}")
         names = wanted
-    names = names[: args.limit] if args.limit else names
-    label = "inductor" if args.backend == "inductor" else f"torchfuse {args.target}"
-    worker = Worker(args.target, args.backend, args.dtype, args.max_samples)
-    results, start = load_results(args.resume, args.max_samples) if args.resume else [], time.perf_counter()
-    done = {r.name for r in results}
-    if args.update:
-        results = [r for r in load_results(args.update, args.max_samples) if r.name not in names]
-        done = set()
+    if args.shard:
+        index, count = (int(x) for x in args.shard.split("/"))
+        names = names[index::count]
+    return names[: args.limit] if args.limit else names
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.monotonic()
+    args = parse_args(argv)
+    if args.table:
+        print_table(args.table)
+        return 0
+    config = make_config(args)
+    names = select_ops(args)
+    records: Records = {}
+    for path in filter(None, (args.resume, args.update)):
+        if path == args.resume and not os.path.exists(path):
+            continue  # a first call may --resume the file it is to write
+        labels, old = load_records(path, args.max_samples)
+        if set(labels) != set(config.labels):
+            raise SystemExit(f"{path} has the backends {labels}, not {config.labels}")
+        records = {n: r for n, r in old.items() if path == args.resume or n not in names}
+    todo = [n for n in names if n not in records]
+    json_path = args.json or args.update
+
+    def not_run() -> list[str]:  # while running too: a file written then is complete only at the end
+        return [n for n in names if n not in records]
+
+    def save() -> None:
+        if json_path:
+            write_json(json_path, args, config, records, not_run(), time.monotonic() - start)
+
+    kept = f" ({len(names) - len(todo)} kept from {args.resume or args.update})" if len(todo) < len(names) else ""
+    print(f"{len(todo)} ops to run{kept}, {config.dtype} on {config.device}, {', '.join(config.labels)}, "
+          f"{args.workers} workers x {config.threads} threads", flush=True)
+    # `timeout` (or a Ctrl-C) ends the sweep through the finally below: the results so far are written.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)) if in_main_thread else None
+    pool = Pool(config, args.workers)
+    deadline = None if args.deadline is None else args.deadline - (time.monotonic() - start)
     try:
-        for i, name in enumerate(names):
-            if name in done:
-                continue
-            result = worker.run(name, args.timeout)
-            results.append(result)
-            note = f": {result.first_detail[:160]}" if result.outcome in ("mismatch", "error") else ""
-            print(f"[{i + 1}/{len(names)}] {name}: {result.outcome} ({len(result.samples)} samples, "
-                  f"{result.seconds:.1f} s){note}", flush=True)
-            if args.json and (i % 20 == 19):
-                _write_json(args, label, results, time.perf_counter() - start)
+        pool.run(todo, Progress(records, len(todo), config.labels, args.progress, save), args.timeout, deadline, args.grace)
     finally:
-        worker.stop()
-    elapsed = time.perf_counter() - start
-    print_summary(results, f"{label} ({args.dtype}, {elapsed:.0f} s)")
-    if args.json:
-        _write_json(args, label, results, elapsed)
+        save()
+        elapsed, missing = time.monotonic() - start, not_run()
+        title = (f"{config.dtype} on {config.device}: {len(names) - len(missing)} of {len(names)} ops run, "
+                 f"max {args.max_samples or 'all'} samples per op, {args.workers} workers, {elapsed:.0f} s")
+        print_summary({n: r for n, r in records.items() if n in set(names)}, config.labels, title)
+        if missing:
+            print(f"\nnot run ({len(missing)}; --resume runs them): {', '.join(sorted(missing))}")
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return 0
-
-
-def load_results(path: str, max_samples: int | None) -> list[OpResult]:
-    """The ops of an earlier run, cut to the first ``max_samples`` samples (so counts stay comparable)."""
-    with open(path) as f:
-        data = json.load(f)
-    results = []
-    for raw in data["results"]:
-        result = _from_dict(raw)
-        if max_samples is not None and len(result.samples) > max_samples:
-            result.samples = result.samples[:max_samples]
-            result.outcome = max((s.outcome for s in result.samples), key=_SEVERITY.__getitem__)
-        results.append(result)
-    return results
-
-
-def _write_json(args: argparse.Namespace, label: str, results: list[OpResult], elapsed: float) -> None:
-    data = {"label": label, "target": args.target, "backend": args.backend, "dtype": args.dtype,
-            "seconds": round(elapsed, 1), **summarize(results), "results": [asdict(r) for r in results]}
-    with open(args.json, "w") as f:
-        json.dump(data, f, indent=1)
 
 
 if __name__ == "__main__":

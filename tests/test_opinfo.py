@@ -7,12 +7,14 @@ so CI catches a regression in a rule without the hour-long sweep.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch._dynamo
 
 from conftest import TEST_TARGET
-from scripts.opinfo_sweep import all_ops, compare, run_op
+from scripts.opinfo_sweep import all_ops, compare, main, run_op
 
 MAX_SAMPLES = 3  # the first samples of each op: enough for the rule, keeps the module under a minute
 
@@ -59,6 +61,40 @@ def test_op_matches_eager(name):
     failures = [s for s in result.samples if s.outcome in ("mismatch", "error")]
     assert failures == [], f"{name}: " + "; ".join(f"sample {s.index} {s.outcome}: {s.detail}" for s in failures)
     assert any(s.outcome == "pass" for s in result.samples), f"{name}: no sample ran: {result.samples}"
+
+
+def test_the_sweep_runs_backends_side_by_side_in_worker_processes(tmp_path, monkeypatch):
+    """Two workers share the ops; both backends run on the same samples; a crash in one backend
+    is that backend's error (the other's result on the sample is kept); a deadline leaves ops
+    listed as not run, and --resume runs them."""
+    path = str(tmp_path / "sweep.json")
+    labels = ["torchfuse aten", f"torchfuse {TEST_TARGET}"]
+    common = ["--ops", "add,cat", "--max-samples", "1", "--workers", "2", "--json", path, "--progress", "1",
+              "--backends", f"torchfuse:aten,torchfuse:{TEST_TARGET}"]
+    assert main(common + ["--deadline", "0"]) == 0
+    with open(path) as f:
+        data = json.load(f)
+    assert (data["complete"], data["not_run"], data["results"]) == (False, ["add", "cat"], [])
+
+    monkeypatch.setenv("OPINFO_SWEEP_FAULTS", f"cat:torchfuse-{TEST_TARGET}:0:crash")
+    assert main(common + ["--resume", path]) == 0
+    with open(path) as f:
+        data = json.load(f)
+    assert data["complete"] and data["labels"] == labels
+    counts = [data["summary"][label]["sample_counts"] for label in labels]
+    assert counts == [{"pass": 2, "mismatch": 0, "error": 0, "skip": 0}, {"pass": 1, "mismatch": 0, "error": 1, "skip": 0}]
+    pair = data["side_by_side"][0]
+    assert pair["samples"] == 2
+    [only_aten] = pair[f"torchfuse aten passes, {labels[1]} does not"]
+    assert (only_aten["op"], only_aten["index"], only_aten["other"]) == ("cat", 0, "error")
+    assert "worker crashed" in only_aten["detail"]
+
+
+def test_a_mismatch_names_the_worst_element():
+    expected = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    actual = torch.tensor([[1.0, 2.0], [3.5, 4.001]])
+    why = compare(actual, expected, expected.double(), "float32")
+    assert "2 of 4 elements" in why and "worst at (1, 0): 3.5 vs eager 3" in why
 
 
 # The comparison itself: the sweep is only as good as its judge.
