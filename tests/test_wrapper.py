@@ -54,3 +54,27 @@ def test_an_extern_result_dies_with_its_last_reader(monkeypatch):
     assert len(alive_at_call) == len(weights)
     # Only the previous matmul's result, relu'd in place, is alive: it is this matmul's input.
     assert max(alive_at_call) <= 1, alive_at_call
+
+
+def test_graph_names_cannot_hide_the_wrappers_own_names():
+    """Buffer names come from the graph: a saved tensor called ``as_strided`` (timm's MobileNetV3
+    backward) or ``max`` must not replace the helpers the wrapper calls."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchfuse.diagnostics.report import report
+    from torchfuse.options import Options
+    from torchfuse.pipeline import compile_graph
+
+    def fn(x, y):
+        return (x.exp() + y).t(), x[1:].t()  # outputs that are strided views of buffers and inputs
+
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    gm = make_fx(fn)(x, y)
+    for node, name in zip([n for n in gm.graph.nodes if n.op == "placeholder"], ["as_strided", "max"]):
+        node.name = name
+    gm.recompile()
+    call = compile_graph(gm, [x, y], "inference", Options(strict=True))
+    for got, want in zip(call([x, y]), fn(x, y)):
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+    assert "tf_as_strided(as_strided" in report().graphs[-1].wrapper_source

@@ -3,6 +3,10 @@
 The wrapper is readable Python (``print(compiled.wrapper_source)``): it reads sizes from
 its inputs, allocates buffers (reusing dead ones of the same size), launches kernels, calls
 ATen for Extern nodes, frees buffers after their last use and returns the outputs.
+
+Every name the wrapper itself introduces (helpers, constants, kernels) starts with ``tf_``:
+buffer names come from the graph, and a saved tensor may be called ``as_strided`` or ``max``
+(timm's MobileNetV3 backward had an input named ``as_strided`` that hid the helper).
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from torchfuse.scheduler.schedule import Schedule
 
 def py(expr: Any) -> str:
     """Python text for a size expression."""
-    return print_index(sympy.sympify(expr), "max", "min")
+    return print_index(sympy.sympify(expr), "tf_max", "tf_min")
 
 
 def _tuple(values) -> str:
@@ -58,7 +62,7 @@ class WrapperWriter:
             source = names[position]
             self.emit(f"{symbol.name} = {source}.size({dim})" if dim is not None else f"{symbol.name} = int({source})")
         if any(isinstance(k, CppKernel) for k in self.kernels.values()):
-            self.emit("threads = get_num_threads()  # C++ kernels follow torch.set_num_threads")
+            self.emit("tf_threads = tf_num_threads()  # C++ kernels follow torch.set_num_threads")
         last_use = self._last_uses()
         self.read_later = set(last_use) | self.graph.output_names()
         for step, item in enumerate(self.plan.items):
@@ -120,7 +124,7 @@ class WrapperWriter:
             old, _ = self.free_pool[key].pop()
             self.emit(f"{buffer.name} = {old}.view({_tuple(buffer.shape)}); del {old}  # reuse dead buffer")
         else:
-            self.emit(f"{buffer.name} = empty_strided({_tuple(buffer.shape)}, {_tuple(buffer.strides)}, dtype={dtype}, device={device})")
+            self.emit(f"{buffer.name} = tf_empty_strided({_tuple(buffer.shape)}, {_tuple(buffer.strides)}, dtype={dtype}, device={device})")
         self.live.add(buffer.name)
         self.allocated_here.add(buffer.name)
 
@@ -128,7 +132,7 @@ class WrapperWriter:
         for name, existing in self.constants.items():
             if existing == value and type(existing) is type(value):
                 return name
-        name = f"{prefix}{len(self.constants)}"
+        name = f"tf_{prefix}{len(self.constants)}"
         self.constants[name] = value
         return name
 
@@ -161,7 +165,7 @@ class WrapperWriter:
             # sizes, the thread count. Empty loops make zero-size launches no-ops.
             pointers = [f"{name}.data_ptr()" for name in compiled.pointer_args]
             sizes = [s.name for s in compiled.size_args]
-            self.emit(f"{fn}({', '.join(pointers + sizes + ['threads'])})")
+            self.emit(f"{fn}({', '.join(pointers + sizes + ['tf_threads'])})")
         else:  # a runtime.launch.Launcher: (xnumel, rnumel, arguments)
             rnumel = py(compiled.rnumel) if compiled.kind == "reduction" else "0"
             self.emit(f"{fn}({py(compiled.xnumel)}, {rnumel}, {', '.join(args)})")
@@ -193,7 +197,7 @@ class WrapperWriter:
                 # give embedding_bag's unused offsets output one element too few).
                 continue
             access = result + "".join(f"[{i}]" for i in path)
-            self.emit(f"{buffer.name} = ensure_layout({access}, {_tuple(buffer.shape)}, {_tuple(buffer.strides)})")
+            self.emit(f"{buffer.name} = tf_ensure_layout({access}, {_tuple(buffer.shape)}, {_tuple(buffer.strides)})")
             self.live.add(buffer.name)
             if fresh:
                 self.fresh_extern_outputs.add(buffer.name)
@@ -219,7 +223,7 @@ class WrapperWriter:
         buffer = self.graph.buffers[name]
         if tuple(shape) == buffer.shape and tuple(strides) == buffer.strides and sympy.sympify(offset) == buffer.offset:
             return name
-        return f"as_strided({name}, {_tuple(shape)}, {_tuple(strides)}, {py(offset)})"
+        return f"tf_as_strided({name}, {_tuple(shape)}, {_tuple(strides)}, {py(offset)})"
 
     def _output(self, out) -> str:
         if out.buffer is None:
@@ -275,8 +279,8 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
     """Execute a wrapper's source with the objects it names: ``constants`` from its writer
     (kernels become their launchers), the graph's tensor constants by buffer name."""
     namespace: dict[str, Any] = {
-        "empty_strided": torch.empty_strided, "as_strided": torch.as_strided, "ensure_layout": ensure_layout,
-        "max": max, "min": min, "get_num_threads": torch.get_num_threads,
+        "tf_empty_strided": torch.empty_strided, "tf_as_strided": torch.as_strided, "tf_ensure_layout": ensure_layout,
+        "tf_max": max, "tf_min": min, "tf_num_threads": torch.get_num_threads,
     }
     namespace.update(tensor_constants)  # lifted tensor constants, by buffer name
     for name, value in constants.items():
