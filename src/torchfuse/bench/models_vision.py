@@ -73,11 +73,16 @@ def resnet50_infer(device: torch.device, quick: bool) -> Workload:
 
 
 def vit_b16_train(device: torch.device, quick: bool) -> Workload:
-    import torchvision
+    from torchvision.models import VisionTransformer, vit_b_16
 
     torch.manual_seed(0)
-    model = torchvision.models.vit_b_16(dropout=0.0, attention_dropout=0.0)
-    return _amp_training(model, 2 if quick else 32, 224, device, "ViT-B/16", channels_last=False)
+    if quick:  # the same class, 2 layers of width 64 on 64-pixel images
+        model = VisionTransformer(image_size=64, patch_size=16, num_layers=2, num_heads=4, hidden_dim=64,
+                                  mlp_dim=128, dropout=0.0, attention_dropout=0.0)
+    else:
+        model = vit_b_16(dropout=0.0, attention_dropout=0.0)
+    return _amp_training(model, 2 if quick else 32, 64 if quick else 224, device,
+                         "ViT" + (" (2 layers, dim 64)" if quick else "-B/16"), channels_last=False)
 
 
 # -- timm: depthwise convolutions, squeeze-excitation, LayerNorm on channels-last, windows --------
@@ -90,9 +95,11 @@ def mobilenetv3_train(device: torch.device, quick: bool) -> Workload:
 
 def efficientnet_b0_infer(device: torch.device, quick: bool) -> Workload:
     """Depthwise convolutions, squeeze-excitation with sigmoid gates, SiLU, eval batch norm; the
-    suite's inference under autocast (float32 weights, bf16 convolutions)."""
-    return _inference(_timm("efficientnet_b0"), 2 if quick else 128, 64 if quick else 224, device,
-                      "EfficientNet-B0", amp=True)
+    suite's inference under autocast (float32 weights, bf16 convolutions). Quick: TinyNet-E, the
+    same EfficientNet blocks scaled down."""
+    name = "tinynet_e" if quick else "efficientnet_b0"
+    return _inference(_timm(name), 2 if quick else 128, 64 if quick else 224, device, f"EfficientNet ({name})",
+                      amp=True)
 
 
 def convnext_tiny_infer(device: torch.device, quick: bool) -> Workload:
