@@ -92,3 +92,11 @@ def test_graph_without_inputs_and_lifted_constants():
     fn = lambda t: torch.where(t > 0, t, torch.tensor(0.0, device=DEVICE)) + table  # noqa: E731
     torch.testing.assert_close(compile_strict(fn)(x), fn(x))
     assert not torchfuse.report().graphs[-1].fallbacks
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_a_mode_not_yet_implemented_says_so(mode):
+    with pytest.warns(UserWarning, match=f"mode='{mode}' is not implemented yet"):
+        compiled = torchfuse.compile(torch.sin, mode=mode)
+    x = torch.randn(5)
+    torch.testing.assert_close(compiled(x), torch.sin(x))

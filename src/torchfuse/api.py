@@ -6,6 +6,7 @@ package's ``__init__`` exports them with these names.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -33,6 +34,10 @@ def compile(model_or_fn: Callable, *, fullgraph: bool = False, dynamic: bool | N
         What ``torch.compile`` returns.
     """
     validated = Options.from_user(options, mode)
+    if mode != "default":
+        # Accepted so that code written for torch.compile runs, but not silently ignored.
+        warnings.warn(f"torchfuse: mode={mode!r} is not implemented yet (no CUDA graphs, no autotuning); "
+                      "compiling with the default mode", stacklevel=2)
     return torch.compile(model_or_fn, backend=make_backend(validated), fullgraph=fullgraph, dynamic=dynamic)
 
 
