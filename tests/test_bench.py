@@ -131,3 +131,29 @@ def test_cpu_model_workloads_match_their_float64_reference(name):
     workload = case.build(torch.device("cpu"), True)
     out = workload.make_step(lambda fn: fn)()
     assert measure.relative_error(out, workload.reference()) < 1e-5
+
+
+def test_profiles_show_wall_against_gpu_time_and_host_cost_per_launch(capsys):
+    from torchfuse.bench.profile import KernelTime, StepProfile
+
+    result = runner.CaseResult("gpt2_infer", "models")
+    result.profiles = {"eager": StepProfile(10.0, 6.0, 7.0, 200, [KernelTime("gemm", 3.0, 24)]),
+                       "torchfuse": StepProfile(4.0, 2.5, 3.5, 100, [KernelTime("kernel3", 0.5, 12)])}
+    assert result.profiles["torchfuse"].host_us_per_launch == 35.0
+    assert result.profiles["eager"].wall_over_gpu == 10.0 / 6.0
+    text = output.markdown([result], {}, math.nan, 1, True)
+    assert "gpt2_infer             torchfuse     4.000    2.500     1.60      100    3.500      35.0" in text
+    assert "kernel3 0.500 ms x12" in text
+    output.print_table([result], math.nan)
+    assert "us/launch" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_profile_of_a_gpu_case():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    case = next(c for c in cases.all_cases() if c.name == "layer_norm")
+    result = runner.run_case(case, ["eager", "torchfuse"], torch.device("cuda"), True, 3, lambda _: None, True)
+    for backend in ("eager", "torchfuse"):
+        p = result.profiles[backend]
+        assert p.launches >= 1 and 0 < p.gpu_ms <= p.wall_ms and p.top

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from torchfuse.bench.profile import StepProfile, format_profiles
+
 if TYPE_CHECKING:
     from torchfuse.bench.runner import CaseResult
 
@@ -176,6 +178,13 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
                   "bf16); BAD above 1; FAIL: torchfuse raised; "
                   "ATEN n/m: n of the m graphs torchfuse compiled ran with ATen because it could not "
                   "compile them."]
+    profiled = profile_rows(results)
+    if profiled:
+        lines += ["", "Profile per step (--profile): wall ms (synchronized), GPU ms (summed kernel time), "
+                      "host ms until the step's Python returns, and that over the kernel launches:", "",
+                  "```", format_profiles(profiled), "```"]
+        lines += [f"- {case} / {backend}: top kernels " + "; ".join(f"{k.name} {k.ms:.3f} ms x{k.calls:.0f}"
+                                                              for k in p.top[:5]) for case, backend, p in profiled]
     problems = problem_lines(results)
     if problems:
         lines += ["", "Problems:", *(f"- {line}" for line in problems)]
@@ -196,6 +205,9 @@ def print_table(results: list[CaseResult], copy_gbs: float) -> None:
         console.print(rich_table)
     for line in summary_lines(results, copy_gbs):
         console.print(line)
+    profiled = profile_rows(results)
+    if profiled:
+        console.print(format_profiles(profiled), highlight=False)
     problems = problem_lines(results)
     if problems:
         from rich.markup import escape
@@ -203,6 +215,11 @@ def print_table(results: list[CaseResult], copy_gbs: float) -> None:
         console.print("[red]Problems:[/red]")
         for line in problems:  # messages quote shapes like [2, 3]: not markup
             console.print(f"[red]- {escape(line)}[/red]", highlight=False)
+
+
+def profile_rows(results: list[CaseResult]) -> list[tuple[str, str, StepProfile]]:
+    """(case, backend, profile) of every case run with --profile."""
+    return [(r.case, backend, p) for r in results for backend, p in r.profiles.items()]
 
 
 def bar_chart(results: list[CaseResult], path: Path) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from torchfuse.bench import compile_time, measure
+from torchfuse.bench import compile_time, measure, profile
 from torchfuse.bench.cases import Case, Workload, select
 
 BACKENDS = ("eager", "inductor", "torchfuse")
@@ -52,6 +52,8 @@ class CaseResult:
     skipped: str = ""
     tf_graphs: int = 0  # graphs torchfuse compiled for this case (forward, backward, per graph break)
     tf_fallbacks: list[str] = field(default_factory=list)  # graphs torchfuse ran with ATen, and why
+    # --profile on a GPU: backend -> bench.profile.StepProfile (wall vs GPU time, launches)
+    profiles: dict[str, profile.StepProfile] = field(default_factory=dict)
 
     def speedup(self, backend: str) -> float:
         return self.ms["eager"] / self.ms[backend] if {"eager", backend} <= self.ms.keys() else math.nan
@@ -93,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny inputs and few repeats: a smoke test, not a benchmark")
     p.add_argument("--no-warm", action="store_true", help="skip the second process that times warm compiles")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads on a CPU (default: torch's)")
+    p.add_argument("--profile", action="store_true",
+                   help="GPU: per backend, wall vs summed kernel time per step, launches, host us per launch, top kernels")
     return p
 
 
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     env = output.environment(device)
     copy_gbs = measure.copy_bandwidth_gbs(device) if any(c.suite == "micro" for c in cases) else math.nan
     compile_time.warm_up_compilers(backends, device)
-    results = run_cases(cases, backends, device, args.quick, repeats)
+    results = run_cases(cases, backends, device, args.quick, repeats, args.profile and device.type == "cuda")
     if not args.no_warm:
         ran = [r.case for r in results if not r.skipped and not r.errors]  # a failing case would end the child
         warm = compile_time.measure_warm(ran, backends, device, args.quick)
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_cases(cases: list[Case], backends: list[str], device: torch.device, quick: bool,
-              repeats: int) -> list[CaseResult]:
+              repeats: int, profiled: bool = False) -> list[CaseResult]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -153,7 +157,7 @@ def run_cases(cases: list[Case], backends: list[str], device: torch.device, quic
         for case in cases:
             progress.update(task, description=f"{case.name}")
             result = run_case(case, backends, device, quick, repeats, lambda what: progress.update(
-                task, description=f"{case.name}: {what}"))
+                task, description=f"{case.name}: {what}"), profiled)
             console.print(_one_line(result))
             results.append(result)
             progress.advance(task)
@@ -161,7 +165,7 @@ def run_cases(cases: list[Case], backends: list[str], device: torch.device, quic
 
 
 def run_case(case: Case, backends: list[str], device: torch.device, quick: bool, repeats: int,
-             status: Any = print) -> CaseResult:
+             status: Any = print, profiled: bool = False) -> CaseResult:
     result = CaseResult(case.name, case.suite)
     missing = case.missing()
     if missing:
@@ -182,6 +186,9 @@ def run_case(case: Case, backends: list[str], device: torch.device, quick: bool,
     except Exception as exc:  # noqa: BLE001 - a step that ran once and then fails loses the timing only
         traceback.print_exc()
         result.errors["timing"] = f"{type(exc).__name__}: {exc}"[:500]
+    if profiled and "timing" not in result.errors:
+        status("profiling")
+        result.profiles = {backend: profile.profile_step(step) for backend, step in steps.items()}
     del steps
     if "torchfuse" in backends:  # after timing too: a recompile while timing counts
         _record_torchfuse_graphs(result, graphs_before)
