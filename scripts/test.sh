@@ -1,5 +1,14 @@
 #!/usr/bin/env bash
 # Run the test suite: bash scripts/test.sh [pytest args...]  (e.g. -m gpu, -k lowering, -x)
+#
+# Without arguments (what CI runs), the C++ tests then run again for other x86-64 levels than this
+# CPU's: our kernels are compiled for the machine they run on (-march=$TORCHFUSE_CPP_ARCH, default
+# native), eager ATen picks its code path at run time, and users' CPUs are not ours.
+#   - x86-64-v3 (AVX2 + FMA, no AVX-512): tests/test_cpp.py, test_fuzz.py, test_mutation.py
+#   - x86-64 (SSE2, no FMA): tests/test_elementwise.py
+# Each pass has its own kernel cache and sees no GPU. TORCHFUSE_ISA_PASSES=1 runs them after a run
+# with arguments too, =0 skips them; they are skipped on CPUs that are not x86-64.
+# The exit status is the first failing pass's, and a recap of every pass is printed at the end.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -8,4 +17,44 @@ source "$root/scripts/setup_env.sh"
 # torchfuse decides itself when to use Triton's interpreter (CPU tensors); a stray global setting
 # would push real GPU runs through the interpreter too.
 unset TRITON_INTERPRET
-exec "$TORCHFUSE_PYTHON" -m pytest tests "$@"
+
+isa_passes="${TORCHFUSE_ISA_PASSES:-}"
+if [[ -z "$isa_passes" ]]; then
+    isa_passes=$([[ $# -eq 0 ]] && echo 1 || echo 0)
+fi
+case "$(uname -m)" in x86_64 | amd64) ;; *) isa_passes=0 ;; esac
+
+status=0
+recap=()
+run_pass() {  # run_pass NAME [ENV=VALUE...] -- PYTEST_ARGS...
+    local name="$1" code=0 started=$SECONDS
+    shift
+    local env_args=()
+    while [[ "$1" != "--" ]]; do env_args+=("$1"); shift; done
+    shift
+    env ${env_args[@]+"${env_args[@]}"} "$TORCHFUSE_PYTHON" -m pytest "$@" || code=$?
+    recap+=("$name: exit $code, $((SECONDS - started)) s")
+    if [[ $code -ne 0 && $status -eq 0 ]]; then status=$code; fi
+    if [[ $code -eq 2 ]]; then isa_passes=0; fi  # interrupted (Ctrl-C): no further passes
+}
+
+run_pass "main" -- tests "$@"
+
+if [[ "$isa_passes" == "1" ]]; then
+    scratch="$(mktemp -d "${TMPDIR:-/tmp}/torchfuse-isa.XXXXXX")"
+    trap 'rm -rf "$scratch"' EXIT
+    # "not triton": the Triton parametrizations of these modules do not depend on the ISA.
+    for pass in "x86-64-v3|tests/test_cpp.py tests/test_fuzz.py tests/test_mutation.py" \
+                "x86-64|tests/test_elementwise.py"; do
+        arch="${pass%%|*}"
+        read -r -a files <<< "${pass#*|}"
+        echo
+        echo "=== C++ tests again for TORCHFUSE_CPP_ARCH=$arch: ${files[*]}"
+        run_pass "TORCHFUSE_CPP_ARCH=$arch" TORCHFUSE_CPP_ARCH="$arch" TORCHFUSE_CACHE_DIR="$scratch/$arch" \
+            CUDA_VISIBLE_DEVICES="" -- "${files[@]}" -k "not triton"
+    done
+fi
+
+echo
+for line in "${recap[@]}"; do echo "test.sh: $line"; done
+exit "$status"
