@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import torch  # noqa: E402
 
-from torchfuse.bench.cases import select  # noqa: E402
+from torchfuse.bench.suites import select  # noqa: E402
 from torchfuse.bench.compile_time import compiler_for, use_fresh_caches, warm_up_compilers  # noqa: E402
 from torchfuse.bench.profile import format_profiles, profile_step  # noqa: E402
 from torchfuse.runtime import launch  # noqa: E402

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from torchfuse.bench import cases, measure, models, output, runner
+from torchfuse.bench import cases, measure, models, output, runner, suites
 from torchfuse.bench.runner import main
 
 
@@ -46,14 +46,14 @@ def test_bench_rejects_unknown_cases_and_backends(tmp_path, capsys):
 
 
 def test_gpu_models_are_not_selected_on_a_cpu():
-    names = {c.name for c in cases.select("models", torch.device("cpu"))}
+    names = {c.name for c in suites.select("models", torch.device("cpu"))}
     assert names == {"mlp", "transformer_block", "convnet"}
-    assert "resnet50_infer" in {c.name for c in cases.select("models", torch.device("cuda"))}
+    assert "resnet50_infer" in {c.name for c in suites.select("models", torch.device("cuda"))}
 
 
 def test_gpu_models_suite_spans_families_modes_and_precisions():
     """Issue 14: at least 12 GPU models across families, inference and training steps."""
-    gpu = {c.name for c in cases.select("models", torch.device("cuda"))}
+    gpu = {c.name for c in suites.select("models", torch.device("cuda"))}
     assert len(gpu) >= 12
     assert {"mistral_train", "llama_hf_infer", "t5_train", "distilbert_infer", "mobilenetv3_train",
             "convnext_tiny_infer", "swin_t_train", "resnet50_infer", "vit_b16_train"} <= gpu
@@ -89,7 +89,7 @@ def test_each_output_is_bounded_by_eagers_error_on_it():
 
 
 def _mlp_case() -> cases.Case:
-    (case,) = cases.select("models", torch.device("cpu"), {"mlp"})
+    (case,) = suites.select("models", torch.device("cpu"), {"mlp"})
     return case
 
 
@@ -127,7 +127,7 @@ def test_relative_error_never_accepts_nan():
 
 @pytest.mark.parametrize("name", ["mlp", "convnet"])
 def test_cpu_model_workloads_match_their_float64_reference(name):
-    (case,) = cases.select("models", torch.device("cpu"), {name})
+    (case,) = suites.select("models", torch.device("cpu"), {name})
     workload = case.build(torch.device("cpu"), True)
     out = workload.make_step(lambda fn: fn)()
     assert measure.relative_error(out, workload.reference()) < 1e-5
@@ -152,7 +152,7 @@ def test_profiles_show_wall_against_gpu_time_and_host_cost_per_launch(capsys):
 def test_profile_of_a_gpu_case():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    case = next(c for c in cases.all_cases() if c.name == "layer_norm")
+    case = next(c for c in suites.all_cases() if c.name == "layer_norm")
     result = runner.run_case(case, ["eager", "torchfuse"], torch.device("cuda"), True, 3, lambda _: None, True)
     for backend in ("eager", "torchfuse"):
         p = result.profiles[backend]

@@ -9,8 +9,7 @@ inside functions alike), and three things must hold:
   import, each with its reason. Nothing in torchfuse is imported lazily to dodge a cycle.
 
 Imports under ``if TYPE_CHECKING:`` never run, so they cannot close a cycle; they still have to
-point down the layers. ``NOT_YET_MOVED`` lists lazy imports in files that other changes own at
-the moment; each entry is a debt, not a permission.
+point down the layers.
 """
 from __future__ import annotations
 
@@ -51,33 +50,6 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("torchfuse.bench.models_hf", "transformers"): "optional: only the Hugging Face model cases need it",
     ("torchfuse.bench.models_vision", "timm"): "optional: only the timm model cases need it",
     ("torchfuse.bench.models_vision", "torchvision"): "optional: only the torchvision model cases need it",
-}
-
-# Lazy imports in files that concurrent changes own (codegen/cpp/, runtime/cpp_build.py, bench/),
-# with what keeps each from the top of its module. They are to move there; the ones that close a
-# cycle are left out of the cycle check until then. Remove each entry with its import.
-MOVE_IT = "nothing found: import it at module level"
-LOADED_ANYWAY = "nothing: importing torchfuse loads it already"
-NOT_YET_MOVED: dict[tuple[str, str], str] = {
-    ("torchfuse.codegen.cpp.kernel", "torchfuse.codegen.cpp.strategies"): "a cycle: strategies imports kernel",
-    ("torchfuse.codegen.cpp.strategies", "torchfuse.codegen.cpp.rows"): "a cycle: rows imports strategies",
-    ("torchfuse.codegen.cpp.strategies", "torchfuse.codegen.cpp.tiled"): "a cycle: tiled imports strategies",
-    ("torchfuse.codegen.cpp.rows", "torchfuse.codegen.cpp.kernel"): "a cycle: kernel -> strategies -> rows",
-    ("torchfuse.codegen.cpp.kernel", "torchfuse.codegen.cpp.prelude"): MOVE_IT,
-    ("torchfuse.codegen.cpp.prelude", "torchfuse.codegen.cpp.eager_math"): MOVE_IT,
-    ("torchfuse.codegen.cpp.eager_math", "torch"): LOADED_ANYWAY,
-    ("torchfuse.runtime.cpp_build", "torchfuse.codegen.cpp.kernel"): MOVE_IT + " (runtime sits above codegen)",
-    ("torchfuse.runtime.cpp_build", "platform"): MOVE_IT + " (stdlib)",
-    ("torchfuse.bench.cases", "torchfuse.bench.models"): "a cycle: models imports cases",
-    ("torchfuse.bench.models", "torchfuse.models"): MOVE_IT,
-    ("torchfuse.bench.runner", "torchfuse"): LOADED_ANYWAY,
-    ("torchfuse.bench.runner", "torchfuse.bench.output"): MOVE_IT + " (output names runner for types only)",
-    ("torchfuse.bench.compile_time", "torchfuse"): LOADED_ANYWAY,
-    ("torchfuse.bench.compile_time", "torchfuse.bench.cases"): MOVE_IT,
-    ("torchfuse.bench.compile_time", "torch._dynamo"): LOADED_ANYWAY,
-    ("torchfuse.bench.output", "torchfuse.runtime.cpp_build"): MOVE_IT,
-    ("torchfuse.bench.measure", "torch.profiler"): LOADED_ANYWAY + " (torch imports it)",
-    ("torchfuse.bench.profile", "torch.profiler"): LOADED_ANYWAY + " (torch imports it)",
 }
 
 
@@ -210,8 +182,6 @@ def test_no_import_cycle_among_torchfuse_modules():
     for imp in _internal(collect_imports()):
         if imp.type_checking or imp.importer == imp.imported:
             continue
-        if imp.in_function and _lazy_entry(imp, NOT_YET_MOVED) is not None:
-            continue
         edges.setdefault(imp.importer, {}).setdefault(imp.imported, imp)
     cycle = find_cycle(edges)
     assert cycle is None, ("import cycle (each module:line imports the next): "
@@ -229,15 +199,14 @@ def test_imports_only_go_down_the_layers():
 def test_imports_inside_functions_are_only_the_listed_optional_or_heavy_ones():
     lazy = [imp for imp in collect_imports() if imp.in_function and not imp.type_checking]
     unlisted = [f"{imp.where()} imports {imp.imported} inside a function" for imp in lazy
-                if _lazy_entry(imp, LAZY_IMPORTS) is None and _lazy_entry(imp, NOT_YET_MOVED) is None]
+                if _lazy_entry(imp, LAZY_IMPORTS) is None]
     assert not unlisted, ("import these at module level, or add them to LAZY_IMPORTS with the reason "
                           "(optional or heavy modules only):\n" + "\n".join(unlisted))
 
 
 def test_every_listed_lazy_import_still_exists():
-    used = {_lazy_entry(imp, table) for imp in collect_imports() if imp.in_function
-            for table in (LAZY_IMPORTS, NOT_YET_MOVED)}
-    stale = sorted((set(LAZY_IMPORTS) | set(NOT_YET_MOVED)) - used)
+    used = {_lazy_entry(imp, LAZY_IMPORTS) for imp in collect_imports() if imp.in_function}
+    stale = sorted(set(LAZY_IMPORTS) - used)
     assert not stale, f"remove these entries from tests/test_layers.py, nothing imports them lazily: {stale}"
 
 

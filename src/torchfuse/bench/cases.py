@@ -7,9 +7,11 @@ that compiler (``lambda fn: fn`` for eager). Every backend of a run times the sa
 Suites:
     micro   the foundation's fusion patterns, memory-bound: bfloat16 on a GPU (sized well past
             the L2), float32 on a CPU. Their bandwidth is reported against a copy.
-    models  whole models: on a GPU the issue's LLaMA stack, LLaMA block training step, GPT-2,
-            BERT, ResNet-50 and ViT-B/16 (library models need transformers / torchvision); on a
-            CPU an MLP, a small transformer block and a small convnet, float32.
+    models  whole models: on a GPU 14 models (our LLaMA, and transformers, timm and torchvision
+            models: bench/models_hf.py, bench/models_vision.py); on a CPU an MLP, a small
+            transformer block and a small convnet, float32.
+
+``suites.py`` lists every case and selects them by suite, device and name.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def _pattern_size(device: torch.device, quick: bool) -> str:
     return "small" if quick else ("bench" if device.type == "cuda" else "cpu")
 
 
-def _pattern_case(pattern: patterns.Pattern) -> Case:
+def pattern_case(pattern: patterns.Pattern) -> Case:
     def build(device: torch.device, quick: bool) -> Workload:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         inputs = pattern.make_inputs(device, dtype, _pattern_size(device, quick))
@@ -141,21 +143,3 @@ def _first_tensor(out: Any) -> torch.Tensor:
     if hasattr(out, "logits"):
         return out.logits
     return out[0]
-
-
-def all_cases() -> list[Case]:
-    from torchfuse.bench import models
-
-    return [_pattern_case(p) for p in patterns.PATTERNS] + models.CASES
-
-
-def select(suite: str, device: torch.device, names: set[str] | None = None) -> list[Case]:
-    """Cases of ``suite`` ("micro", "models" or "all") that run on ``device``, optionally by name."""
-    chosen = [c for c in all_cases() if (suite == "all" or c.suite == suite) and device.type in c.devices]
-    if names:
-        known = {c.name for c in all_cases()}
-        unknown = names - known
-        if unknown:
-            raise ValueError(f"unknown case(s) {sorted(unknown)}; cases: {', '.join(sorted(known))}")
-        chosen = [c for c in chosen if c.name in names]
-    return chosen

@@ -31,8 +31,11 @@ import time
 from typing import Any, Callable, NamedTuple
 
 import torch
+from torch._dynamo.utils import compilation_time_metrics
 
+import torchfuse
 from torchfuse.bench.measure import sync
+from torchfuse.bench.suites import select
 
 CACHE_VARIABLES = ("TORCHFUSE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
@@ -51,8 +54,6 @@ def compiler_for(backend: str) -> Callable[[Callable[..., Any]], Callable[..., A
     if backend == "inductor":
         return lambda fn: torch.compile(fn)  # default mode, as users call it
     if backend == "torchfuse":
-        import torchfuse
-
         return lambda fn: torchfuse.compile(fn)
     if backend == "dynamo":
         return lambda fn: torch.compile(fn, backend="eager")
@@ -83,8 +84,6 @@ BACKEND_TIMER = "OutputGraph.call_user_compiler"  # Dynamo's timer around every 
 
 def timed_first_call(make: Callable[[], Callable[[], Any]], device: torch.device) -> FirstCall:
     """``make`` builds the compiled step, which then runs once, timed."""
-    from torch._dynamo.utils import compilation_time_metrics
-
     gc.collect()
     backend_calls = len(compilation_time_metrics.get(BACKEND_TIMER, []))
     sync(device)
@@ -124,15 +123,11 @@ def measure_warm(case_names: list[str], backends: list[str], device: torch.devic
 
 def _child_env() -> dict[str, str]:
     """The child finds torchfuse where this process did, installed or not."""
-    import torchfuse
-
     src = os.path.dirname(os.path.dirname(os.path.abspath(torchfuse.__file__)))
     return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
 
 
 def _warm_main(argv: list[str] | None = None) -> int:
-    from torchfuse.bench.cases import select
-
     parser = argparse.ArgumentParser(description="time first calls against the disk caches a cold run filled")
     parser.add_argument("--device", required=True)
     parser.add_argument("--backends", required=True)

@@ -13,6 +13,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 Step = Callable[[], Any]
 
@@ -67,8 +68,6 @@ def count_kernels(step: Step, device: torch.device) -> int | None:
     """GPU kernels one call launches (copies and memsets are not kernels); None on a CPU."""
     if device.type != "cuda":
         return None
-    from torch.profiler import ProfilerActivity, profile
-
     warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()

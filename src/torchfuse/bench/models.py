@@ -16,6 +16,7 @@ from torch import nn
 from torchfuse.bench import models_hf, models_vision
 from torchfuse.bench.cases import Case, Workload, inference_workload
 from torchfuse.bench.models_common import checked_training, randomize_norms
+from torchfuse.models import make_llama_block
 
 
 # -- CPU models ------------------------------------------------------------------------------------
@@ -84,8 +85,6 @@ CPU_CASES = [
 
 # -- GPU models ------------------------------------------------------------------------------------
 def _llama_stack_infer(device: torch.device, quick: bool) -> Workload:
-    from torchfuse.models import make_llama_block
-
     layers = 2 if quick else 8
     model, x = make_llama_block(device, torch.bfloat16, "small" if quick else "bench", n_layers=layers)
     b, t, d = x.shape
@@ -93,8 +92,6 @@ def _llama_stack_infer(device: torch.device, quick: bool) -> Workload:
 
 
 def _llama_block_train(device: torch.device, quick: bool) -> Workload:
-    from torchfuse.models import make_llama_block
-
     model, x = make_llama_block(device, torch.bfloat16, "small" if quick else "bench")
     target = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(x)
     b, t, d = x.shape

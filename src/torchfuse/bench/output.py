@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchfuse.bench.profile import StepProfile, format_profiles
+from torchfuse.runtime import cpp_build
 
 if TYPE_CHECKING:
     from torchfuse.bench.runner import CaseResult
@@ -29,8 +30,6 @@ def environment(device: torch.device) -> dict[str, str]:
         except ImportError:
             pass
     else:
-        from torchfuse.runtime import cpp_build
-
         env["cpu"] = _cpu_name()
         env["threads"] = str(torch.get_num_threads())
         env["compiler"] = cpp_build.find_compiler() or "none"

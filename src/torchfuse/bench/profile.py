@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 Step = Callable[[], Any]
 
@@ -66,8 +67,6 @@ def profile_step(step: Step, steps: int = 10, top: int = 8) -> StepProfile:
 
 
 def _kernel_times(step: Step, steps: int) -> dict[str, KernelTime]:
-    from torch.profiler import ProfilerActivity, profile
-
     warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):

@@ -21,8 +21,10 @@ from typing import Any
 
 import torch
 
-from torchfuse.bench import compile_time, measure, profile
-from torchfuse.bench.cases import Case, Workload, select
+import torchfuse
+from torchfuse.bench import compile_time, measure, output, profile
+from torchfuse.bench.cases import Case, Workload
+from torchfuse.bench.suites import select
 
 BACKENDS = ("eager", "inductor", "torchfuse")
 CASE_STAGES = ("build", "reference", "timing")  # keys of CaseResult.errors that are not backends
@@ -121,8 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (3 if args.quick else 30)
     warnings.filterwarnings("ignore", category=UserWarning)
     compile_time.use_fresh_caches()  # cold means cold; the warm process reuses these directories
-
-    from torchfuse.bench import output
 
     env = output.environment(device)
     copy_gbs = measure.copy_bandwidth_gbs(device) if any(c.suite == "micro" for c in cases) else math.nan
@@ -286,16 +286,12 @@ def output_bound(eager_error: float, dtype: torch.dtype) -> float:
 
 
 def _torchfuse_graph_count() -> int:
-    import torchfuse
-
     return len(torchfuse.report().graphs)
 
 
 def _record_torchfuse_graphs(result: CaseResult, before: int) -> None:
     """The graphs torchfuse compiled since ``before``, and those it could not compile and ran with
     ATen (the warning saying so is silenced during the bench, so the row must say it)."""
-    import torchfuse
-
     graphs = torchfuse.report().graphs[before:]
     result.tf_graphs = len(graphs)
     result.tf_fallbacks = [f"{g.name} ({g.kind}): {g.error}"[:300] for g in graphs if g.error]

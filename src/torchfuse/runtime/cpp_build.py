@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchfuse.codegen.cpp import kernel as cpp_kernel
 from torchfuse.runtime.kernel_cache import cache_dir
 
 # -O3 -march=<arch()>: vectorize for this CPU (or the level $TORCHFUSE_CPP_ARCH names).
@@ -199,8 +201,6 @@ def _cpu_identity() -> str:
                     if not line.strip() and wanted:
                         break  # the first processor describes them all
         except OSError:
-            import platform
-
             wanted.append(platform.processor() or platform.machine())
         _cpu.append("\n".join(wanted))
     return _cpu[0]
@@ -292,18 +292,14 @@ def build_graph_kernels(kernels: list, buffers: dict, graph_name: str) -> tuple[
     Returns:
         (rendered ``CppKernel`` by kernel name, ctypes function by kernel name).
     """
-    from torchfuse.codegen.cpp.kernel import render_kernel
-
     avx512 = targets_avx512()
-    rendered = {k.name: render_kernel(k, buffers, avx512=avx512) for k in kernels}
+    rendered = {k.name: cpp_kernel.render_kernel(k, buffers, avx512=avx512) for k in kernels}
     return rendered, load_graph_kernels(rendered, graph_name)
 
 
 def load_graph_kernels(rendered: dict, graph_name: str) -> dict:
     """The ctypes function of each rendered ``CppKernel``, from one library built (or found) for all."""
-    from torchfuse.codegen.cpp.kernel import render_module
-
     if not rendered:
         return {}
-    library = build(render_module(list(rendered.values())), graph_name)
+    library = build(cpp_kernel.render_module(list(rendered.values())), graph_name)
     return {name: library.function(name, len(k.pointer_args), len(k.size_args)) for name, k in rendered.items()}

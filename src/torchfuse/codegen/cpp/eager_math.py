@@ -15,6 +15,8 @@ from __future__ import annotations
 import concurrent.futures
 import struct
 
+import torch
+
 # The correctly rounded float32 erf is 1 from here on (what the prelude assumes undefined).
 CORRECTLY_ROUNDED_ONE = 3.9192097187042236
 _LOW, _HIGH = 3.0, 6.0  # float32 erf is below 1 at 3 (1 - 2.2e-5) and exactly 1 at 6 anywhere
@@ -39,8 +41,6 @@ def _bits(value: float) -> int:
 
 
 def _measure() -> float:
-    import torch
-
     def erf_is_one(bits: torch.Tensor) -> torch.Tensor:
         # Each value 64 times: the vector body of whatever kernel eager runs, not a scalar tail.
         values = bits.to(torch.int32).repeat_interleave(64).view(torch.float32)

@@ -24,16 +24,15 @@ from dataclasses import dataclass, field
 import sympy
 
 from torchfuse.codegen.cpp.expressions import ExpressionWriter, Scope, Value, store_text
-from torchfuse.codegen.cpp.loops import Loop, LoopPlan, plan_loops
+from torchfuse.codegen.cpp import strategies
+from torchfuse.codegen.cpp.loops import PARALLEL_GRAIN, Loop, LoopPlan, plan_loops
+from torchfuse.codegen.cpp.prelude import PRELUDE, erf_definition
 from torchfuse.codegen.cpp.printer import compute_dtype, storage_type, value_type
 from torchfuse.ir.expr import Expr, IndexValue, Load, substitute_index, transform, walk
 from torchfuse.ir.graph import Buffer, Reduction
 from torchfuse.ir.symbols import contiguous_strides, product, simplify_index
 from torchfuse.scheduler.kernel import FusedKernel, KernelMember
 
-# Below this many elements a kernel runs on one thread: forking costs more than it saves
-# (ATen's grain size).
-PARALLEL_GRAIN = 32768
 # Calls that make a loop compute-bound (see _finish).
 WIDE_MATH = tuple(f"std::{name}" for name in (
     "exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh erf erfc "
@@ -185,8 +184,6 @@ class CppKernelRenderer:
 
     # -- rendering -------------------------------------------------------------------------
     def render(self) -> CppKernel:
-        from torchfuse.codegen.cpp import strategies
-
         lines: list[str] = []
         top = Scope(lines, "    ")
         strategy = strategies.render(self, top)
@@ -263,7 +260,5 @@ def render_kernel(kernel: FusedKernel, buffers: dict[str, Buffer], avx512: bool 
 
 def render_module(kernels: list[CppKernel]) -> str:
     """One translation unit: the prelude, then every kernel of the graph."""
-    from torchfuse.codegen.cpp.prelude import PRELUDE, erf_definition
-
     body = "\n".join(k.source for k in kernels)
     return erf_definition(body) + PRELUDE + "\n" + body

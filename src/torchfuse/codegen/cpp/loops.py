@@ -12,10 +12,18 @@ is still contiguous for the other operands.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sympy
 
 from torchfuse.ir.symbols import FloorDiv, ModIndex, linear_coefficients, simplify_index
+
+if TYPE_CHECKING:
+    from torchfuse.codegen.cpp.expressions import Scope
+
+# Below this many elements a kernel runs on one thread: forking costs more than it saves
+# (ATen's grain size).
+PARALLEL_GRAIN = 32768
 
 
 @dataclass(frozen=True)
@@ -113,3 +121,20 @@ def _mergeable(outer: Loop, inner: Loop, exprs) -> bool:
         if sympy.expand(c_outer - c_inner * inner.size) != 0:
             return False
     return True
+
+
+def close_all(scope: "Scope", until: "Scope") -> None:
+    """Close the braces of every scope from ``scope`` up to (not including) ``until``."""
+    while scope is not until:
+        scope.parent.emit("}")
+        scope = scope.parent
+
+
+def statically_at_most(expr, bound: int) -> bool:
+    expr = sympy.sympify(expr)
+    return bool(expr.is_number and int(expr) <= bound)
+
+
+def statically_at_least(expr, bound: int) -> bool:
+    expr = sympy.sympify(expr)
+    return bool(expr.is_number and int(expr) >= bound)

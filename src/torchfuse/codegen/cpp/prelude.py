@@ -6,6 +6,8 @@ where that differs from the obvious C++ (signed overflow, division by zero, shif
 '''
 from __future__ import annotations
 
+from torchfuse.codegen.cpp.eager_math import erf_one_threshold
+
 # glibc's libmvec has SIMD versions of these (glibc >= 2.35 for most of them). <math.h>
 # only declares them under -ffast-math, which we cannot use (it breaks NaN and inf), so we
 # declare them ourselves: GCC then calls e.g. _ZGVdN8v_expf in vectorized loops. Without
@@ -229,6 +231,4 @@ def erf_definition(body: str) -> str:
     translation unit's kernels) calls ``tf_erff``; else nothing (and nothing is measured)."""
     if "tf_erff(" not in body:
         return ""
-    from torchfuse.codegen.cpp.eager_math import erf_one_threshold
-
     return f"#define TF_ERF_ONE {erf_one_threshold().hex()}f  // eager's erf is +-1 from here on\n"

@@ -15,7 +15,7 @@ from torchfuse.codegen.cpp import reductions as red
 from torchfuse.codegen.cpp.expressions import Scope
 from torchfuse.codegen.cpp.prefetch import NextRowPrefetch
 from torchfuse.codegen.cpp.printer import compute_dtype
-from torchfuse.codegen.cpp.strategies import close_all, statically_at_most
+from torchfuse.codegen.cpp.loops import PARALLEL_GRAIN, close_all, statically_at_most
 from torchfuse.ir.expr import Expr, Load, Op, loads, walk
 from torchfuse.ir.graph import Reduction
 from torchfuse.scheduler.kernel import KernelMember
@@ -233,7 +233,7 @@ def _split_pass(renderer, accs, row: Scope) -> None:
     for _, acc, name in accs:
         for line in red.declarations(acc, f"{name}_slot", length=str(MAX_SPLIT_THREADS)):
             row.emit(line)
-    condition = "" if inner.size.is_number else f" if({size} >= {renderer_grain()})"
+    condition = "" if inner.size.is_number else f" if({size} >= {PARALLEL_GRAIN})"
     row.emit(f"#pragma omp parallel num_threads(tf_threads < {MAX_SPLIT_THREADS} ? tf_threads : "
              f"{MAX_SPLIT_THREADS}){condition}")
     row.emit("{")
@@ -268,9 +268,3 @@ def _copy(acc: red.Accumulator, target: red.Slot, source: red.Slot) -> list[str]
     if acc.is_arg:
         lines.append(f"{target.index} = {source.index};")
     return lines
-
-
-def renderer_grain() -> int:
-    from torchfuse.codegen.cpp.kernel import PARALLEL_GRAIN
-
-    return PARALLEL_GRAIN

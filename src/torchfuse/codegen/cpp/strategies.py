@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import sympy
 
+from torchfuse.codegen.cpp import rows, tiled
 from torchfuse.codegen.cpp.expressions import Scope
-from torchfuse.codegen.cpp.kernel import PARALLEL_GRAIN
-from torchfuse.codegen.cpp.loops import Loop
+from torchfuse.codegen.cpp.loops import PARALLEL_GRAIN, Loop, close_all, statically_at_least, statically_at_most
 from torchfuse.codegen.cpp.splits import specialize, split_points
 from torchfuse.ir.expr import Load, walk
 from torchfuse.ir.symbols import linear_coefficients, product
@@ -25,8 +25,6 @@ SPLIT_MAX_ROWS = 8
 
 def render(renderer, top: Scope) -> str:
     """Write the kernel body with the strategy that fits it; returns the strategy's name."""
-    from torchfuse.codegen.cpp import rows, tiled
-
     if renderer.kernel.kind != "reduction":
         render_pointwise(renderer, top)
         return "pointwise"
@@ -128,20 +126,3 @@ def store_all(renderer, stored: list, scope: Scope) -> None:
     values = [renderer.writer.value(renderer.body(m), scope) for m in stored]
     for member, value in zip(stored, values):
         renderer.store(member, value, scope)
-
-
-def close_all(scope: Scope, until: Scope) -> None:
-    """Close the braces of every scope from ``scope`` up to (not including) ``until``."""
-    while scope is not until:
-        scope.parent.emit("}")
-        scope = scope.parent
-
-
-def statically_at_most(expr, bound: int) -> bool:
-    expr = sympy.sympify(expr)
-    return bool(expr.is_number and int(expr) <= bound)
-
-
-def statically_at_least(expr, bound: int) -> bool:
-    expr = sympy.sympify(expr)
-    return bool(expr.is_number and int(expr) >= bound)

@@ -13,7 +13,7 @@ from torchfuse.codegen.cpp import reductions as red
 from torchfuse.codegen.cpp.expressions import Scope, Value
 from torchfuse.codegen.cpp.printer import compute_dtype, value_type
 from torchfuse.codegen.cpp.rows import REDUCTION_CHUNK, loop_groups
-from torchfuse.codegen.cpp.strategies import close_all, statically_at_most
+from torchfuse.codegen.cpp.loops import close_all, statically_at_most
 
 TILE = 32  # rows per tile: 128 bytes of float32 per reduced position
 
