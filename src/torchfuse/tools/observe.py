@@ -19,15 +19,10 @@ from torchfuse.frontend.dynamo_events import FrameCompile, RecompileLimitHit, Sh
 from torchfuse.tools.advice import Advice, advise_break, advise_graph_op, recompile_advice
 
 
-@dataclass(frozen=True)
-class BreakInfo:
-    """One graph break: where in user code, Dynamo's reason, the fix, how often it was seen."""
+class AtUserLine:
+    """A finding's place in the user's code: ``file`` and ``line`` of its ``location``."""
 
-    reason: str
     location: UserFrame | None
-    advice: Advice
-    count: int = 1
-    function: str = ""  # the compiled function it happened in, when known
 
     @property
     def file(self) -> str:
@@ -36,6 +31,17 @@ class BreakInfo:
     @property
     def line(self) -> int:
         return self.location.lineno if self.location else 0
+
+
+@dataclass(frozen=True)
+class BreakInfo(AtUserLine):
+    """One graph break: where in user code, Dynamo's reason, the fix, how often it was seen."""
+
+    reason: str
+    location: UserFrame | None
+    advice: Advice
+    count: int = 1
+    function: str = ""  # the compiled function it happened in, when known
 
     @property
     def code(self) -> str:
@@ -69,21 +75,13 @@ class RecompileInfo:
 
 
 @dataclass(frozen=True)
-class GraphFinding:
+class GraphFinding(AtUserLine):
     """Something inside a captured graph worth knowing (e.g. a captured ``.item()``)."""
 
     graph: str  # the graph's name or Dynamo compile id
     op: str
     advice: Advice
     location: UserFrame | None = None
-
-    @property
-    def file(self) -> str:
-        return self.location.filename if self.location else "?"
-
-    @property
-    def line(self) -> int:
-        return self.location.lineno if self.location else 0
 
     def __str__(self) -> str:
         where = f" at {self.location}: {self.location.line}" if self.location else ""
