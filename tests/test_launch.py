@@ -49,7 +49,8 @@ def test_block_sizes_follow_the_sizes():
 
 def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary():
     fn = FakeJit()
-    launcher = Launcher(fn, "reduction", persistent=True, direct=True, current_stream=lambda: 77)
+    launcher = Launcher(fn, "reduction", persistent=True, direct=True, current_device=lambda: 0,
+                        current_stream=lambda device: 77)
     x, out = torch.zeros(64), torch.zeros(8)
     before = launch.stats.direct
     launcher(8, 8, x, out, 3)
@@ -60,14 +61,20 @@ def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary()
     assert fn.compiled[0].calls == [(1, 1, 1, 77, 1234, ("meta",), None, None, None, x, out, 5, 8, 8, 8, 8)]
 
 
-@pytest.mark.parametrize("change", ["misaligned pointer", "other dtype", "int 1", "multiple of 16", "other size"])
+@pytest.mark.parametrize("change", ["misaligned pointer", "other dtype", "int 1", "multiple of 16", "other size",
+                                    "other device"])
 def test_a_new_specialization_compiles_its_own_binary(change):
     fn = FakeJit()
-    launcher = Launcher(fn, "pointwise", direct=True, current_stream=lambda: 0)
+    device = [0]
+    launcher = Launcher(fn, "pointwise", direct=True, current_device=lambda: device[0],
+                        current_stream=lambda device: 5)
     x = torch.zeros(64)
     launcher(32, 0, x[:32], 3)
+    if change == "other device":  # a binary is loaded per device
+        device[0] = 1
     args = {"misaligned pointer": (32, 0, x[1:33], 3), "other dtype": (32, 0, x[:32].double(), 3),
-            "int 1": (32, 0, x[:32], 1), "multiple of 16": (32, 0, x[:32], 48), "other size": (33, 0, x[:33], 3)}[change]
+            "int 1": (32, 0, x[:32], 1), "multiple of 16": (32, 0, x[:32], 48), "other size": (33, 0, x[:33], 3),
+            "other device": (32, 0, x[:32], 3)}[change]
     launcher(*args)
     assert len(fn.launches) == 2, change
     launcher(*args)
@@ -76,7 +83,7 @@ def test_a_new_specialization_compiles_its_own_binary(change):
 
 def test_empty_launches_do_nothing_and_the_interpreter_always_goes_through_triton():
     fn = FakeJit()
-    Launcher(fn, "pointwise", direct=True)(0, 0, torch.zeros(0))
+    Launcher(fn, "pointwise", direct=True, current_device=lambda: 0)(0, 0, torch.zeros(0))
     assert fn.launches == []
     interpreted = Launcher(fn, "pointwise")  # not a triton.jit function: no direct path
     assert not interpreted.direct

@@ -83,15 +83,19 @@ class Launcher:
     """
 
     def __init__(self, fn: Any, kind: str, persistent: bool = False, direct: bool | None = None,
-                 current_stream: Callable[[], int] | None = None) -> None:
+                 current_device: Callable[[], int] | None = None,
+                 current_stream: Callable[[int], int] | None = None) -> None:
         self.fn = fn
         self.kind = kind
         self.persistent = persistent
-        # (xnumel, rnumel, specialization of each argument) -> a direct launch of the binary
+        # (device, xnumel, rnumel, specialization of each argument) -> a direct launch: a binary
+        # is loaded per device, and Triton launches on the current device's current stream.
         self.binaries: dict[tuple, Callable[..., None]] = {}
         self.direct = _direct_launch_supported(fn) if direct is None else direct
-        self.current_stream = current_stream  # None: the current CUDA stream (tests pass their own)
         self.knobs = _runtime_knobs() if self.direct else None
+        # Read from Triton's driver at the first launch (building a wrapper needs no GPU); tests
+        # pass their own.
+        self.current_device, self.current_stream = current_device, current_stream
 
     def __call__(self, xnumel: int, rnumel: int, *args: Any) -> None:
         """Launch over ``xnumel`` rows (of ``rnumel`` reduced elements) with the kernel's
@@ -100,11 +104,14 @@ class Launcher:
             return
         key = None
         if self.direct and _launch_hooks_off(self.knobs):
-            key = (xnumel, rnumel, *[_specialization(a) for a in args])
+            if self.current_device is None:
+                self.current_device, self.current_stream = _cuda_device_and_stream()
+            device = self.current_device()
+            key = (device, xnumel, rnumel, *[_specialization(a) for a in args])
             launch = self.binaries.get(key)
             if launch is not None:
                 stats.direct += 1
-                launch(*args)
+                launch(self.current_stream(device), *args)
                 return
         config = self.config(xnumel, rnumel)
         numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
@@ -114,8 +121,7 @@ class Launcher:
             compiled = self.fn[(config.grid,)](*args, *numels, **dict(zip(names, config.constexprs)),
                                                num_warps=config.num_warps)
         if key is not None and compiled is not None:
-            stream = self.current_stream or _current_cuda_stream()
-            self.binaries[key] = _binary_launch(compiled, config.grid, (*numels, *config.constexprs), stream)
+            self.binaries[key] = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
 
     def config(self, xnumel: int, rnumel: int) -> Config:
         if self.kind == "pointwise":
@@ -160,20 +166,19 @@ def _launch_hooks_off(knobs: Any) -> bool:
                for hook in (knobs.launch_enter_hook, knobs.launch_exit_hook))
 
 
-def _current_cuda_stream() -> Callable[[], int]:
-    """The raw current stream of the current device, as Triton's own launch path reads it."""
+def _cuda_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]:
+    """The current device and its raw current stream, read as Triton's own launch path does."""
     from triton.runtime.driver import driver
 
-    stream_of, device_of = driver.active.get_current_stream, driver.active.get_current_device
-    return lambda: stream_of(device_of())
+    return driver.active.get_current_device, driver.active.get_current_stream
 
 
-def _binary_launch(compiled: Any, grid: int, tail: tuple[int, ...], stream: Callable[[], int]) -> Callable[..., None]:
-    """Launch ``compiled`` on the current stream, without Triton's Python layer: ``tail`` holds
-    the numels and block sizes, fixed for this specialization."""
+def _binary_launch(compiled: Any, grid: int, tail: tuple[int, ...]) -> Callable[..., None]:
+    """Launch ``compiled`` on a stream, without Triton's Python layer: ``tail`` holds the numels
+    and block sizes, fixed for this specialization."""
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
 
-    def launch(*args: Any) -> None:
-        run(grid, 1, 1, stream(), function, metadata, None, None, None, *args, *tail)
+    def launch(stream: int, *args: Any) -> None:
+        run(grid, 1, 1, stream, function, metadata, None, None, None, *args, *tail)
 
     return launch
