@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from torchfuse.codegen.layout import store_order
 from torchfuse.ir.symbols import FloorDiv, ModIndex, linear_coefficients, simplify_index
 
 if TYPE_CHECKING:
@@ -50,32 +51,16 @@ def plan_loops(x_vars, x_ranges, r_vars, r_ranges, index_exprs: list[sympy.Expr]
         index_exprs: every index the kernel computes (load and store offsets, index
             values), in kernel variables.
         store_exprs: a pointwise kernel's store offsets: its rows are walked in the order
-            the first one lays them out (see ``_store_order``).
+            the first one lays them out (see ``codegen.layout.store_order``).
     Returns:
         The loops, outermost first, and the substitution of kernel variables.
     """
-    x_vars, x_ranges = _store_order(list(x_vars), list(x_ranges), store_exprs)
+    x_vars, x_ranges = store_order(list(x_vars), list(x_ranges), store_exprs[0] if store_exprs else None)
     substitution: dict[sympy.Symbol, sympy.Expr] = {}
     exprs = [sympy.expand(e) for e in index_exprs]
     x_loops, exprs = _merge(list(x_vars), list(x_ranges), exprs, substitution)
     r_loops, _ = _merge(list(r_vars), list(r_ranges), exprs, substitution)
     return LoopPlan(x_loops, r_loops, substitution)
-
-
-def _store_order(variables: list, sizes: list, store_exprs) -> tuple[list, list]:
-    """Rows ordered by their stride in the first store, largest first (stride 1 innermost).
-
-    A kernel writing a channels-last buffer has NCHW variables; walked in that order it
-    stores with a stride of C, and the compiler cannot vectorize it. Only the order of
-    independent iterations changes, so any order is correct.
-    """
-    if not store_exprs or len(variables) < 2:
-        return variables, sizes
-    coeffs = linear_coefficients(sympy.expand(store_exprs[0]), variables)
-    if coeffs is None or not all(sympy.sympify(c).is_number for c in coeffs[0]):
-        return variables, sizes
-    order = sorted(range(len(variables)), key=lambda i: -int(coeffs[0][i]))  # stable for ties
-    return [variables[i] for i in order], [sizes[i] for i in order]
 
 
 def _merge(variables, sizes, exprs, substitution) -> tuple[list[Loop], list[sympy.Expr]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
+from torchfuse.codegen.layout import store_order
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
@@ -60,7 +61,8 @@ class KernelRenderer:
                  size_hint=lambda e: 0) -> None:
         self.kernel = kernel
         self.buffers = buffers
-        self.flat = flat_var_map(kernel.x_ranges, kernel.x_vars, XINDEX)
+        x_vars, x_ranges = self._row_order(kernel, buffers)
+        self.flat = flat_var_map(x_ranges, x_vars, XINDEX)
         self.flat.update(flat_var_map(kernel.r_ranges, kernel.r_vars, RINDEX))
         self.members = {m.node.name: m for m in kernel.members}
         self.pointers: dict[str, str] = {}
@@ -72,6 +74,19 @@ class KernelRenderer:
         self.int64 = _needs_int64(kernel, buffers, size_hint)
         self.writer = ExpressionWriter(buffers, self._pointer, self._mask, self._resolve_load,
                                        "[1, 1]" if self.is_reduction else "[1]")
+
+    @staticmethod
+    def _row_order(kernel: FusedKernel, buffers: dict[str, Buffer]) -> tuple[list, list]:
+        """The order of the rows inside the flat ``xindex``: a pointwise kernel walks its first
+        store with unit stride innermost (``codegen.layout``), so that neighbouring lanes write
+        neighbouring elements; reductions keep the logical order."""
+        stored = [m for m in kernel.members if m.stored]
+        if kernel.kind != "pointwise" or not stored:
+            return list(kernel.x_vars), list(kernel.x_ranges)
+        node = stored[0].node
+        buffer = buffers[node.name]
+        offset = buffer.flat_offset(tuple(stored[0].var_map.get(v, v) for v in node.vars)) - buffer.offset
+        return store_order(list(kernel.x_vars), list(kernel.x_ranges), offset)
 
     # -- hooks for the expression writer --------------------------------------------------
     def _pointer(self, buffer: str) -> str:
