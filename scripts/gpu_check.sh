@@ -5,15 +5,11 @@
 #   bash scripts/gpu_check.sh micro          # torchfuse bench --suite micro        (~200 s)
 #   bash scripts/gpu_check.sh models [CASES] # the models suite, or the named cases (~100 s a case)
 #   bash scripts/gpu_check.sh quick          # tests, then micro: one call
-# The OpInfo tests need `expecttest`, absent there: carry its wheel (docs/gpu_notes.md).
+# The OpInfo tests need `expecttest`, absent there: carry its wheel in .whl/ (gpu_env.sh installs it).
 # Each step has its own time limit so that a slow one cannot cost the others their results.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-export PYTHONPATH="$root/src:$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export TORCHFUSE_CACHE_DIR="${TORCHFUSE_CACHE_DIR:-/tmp/torchfuse-cache}"
-out="${OUT:-$root/out}"
-mkdir -p "$out"
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 what="${1:-quick}"
 cases="${2:-}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv > "$out/gpu.txt" 2>&1

@@ -15,17 +15,8 @@
 # The OpInfo database needs `expecttest`: its wheel travels in .whl/ (carry .whl).
 set -uo pipefail
 start=$(date +%s)
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        || { echo "installing .whl/ failed" >&2; exit 1; }
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$root/src:$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export TORCHFUSE_CACHE_DIR="${TORCHFUSE_CACHE_DIR:-/tmp/torchfuse-cache}"
-out="${OUT:-$root/out}"
-mkdir -p "$out"
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 what="${1:-}"
 resume_dir="${2:-}"
 budget="${BUDGET:-560}"
