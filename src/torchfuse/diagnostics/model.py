@@ -7,6 +7,7 @@ only the code that reads or writes these fields.
 """
 from __future__ import annotations
 
+import collections
 import re
 from dataclasses import dataclass, field
 
@@ -96,6 +97,9 @@ class GraphReport:
     input_buffers: list[str] = field(default_factory=list)  # graph inputs, in call order
     output_buffers: list[str] = field(default_factory=list)
     eager_bytes: int | None = None  # bytes all ops of the graph move when run eagerly
+    # mode="reduce-overhead": "recorded", "replayed", and "default path: <reason>" -> calls
+    # (or "not used: <reason>" when the graph cannot use CUDA graphs at all).
+    cudagraphs: collections.Counter = field(default_factory=collections.Counter)
 
     @property
     def eager_kernel_count(self) -> int:
@@ -128,6 +132,9 @@ class GraphReport:
             lines.append(f"  no lowering (ran as ATen): {', '.join(sorted(set(self.fallbacks)))}")
         for note in self.device_notes:
             lines.append(f"  devices: {note}")
+        if self.cudagraphs:
+            counts = ", ".join(f"{reason}: {n}" for reason, n in self.cudagraphs.items())
+            lines.append(f"  CUDA graphs: {counts}")
         if self.stage_seconds:
             times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.stage_seconds.items())
             lines.append(f"  compile time: {times}")
