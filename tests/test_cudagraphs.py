@@ -248,6 +248,13 @@ def test_reduce_overhead_on_cpu_says_why_no_graphs_and_runs():
     assert "CUDA graphs: not used" in str(graph)
 
 
+def test_torch_compile_with_the_backend_name_passes_the_mode():
+    torchfuse.reset()
+    compiled = torch.compile(lambda x: x * 2, backend="torchfuse", mode="reduce-overhead")
+    compiled(torch.randn(4))
+    assert "not used: the graph does not run on a CUDA device" in torchfuse.report().graphs[-1].cudagraphs
+
+
 # -- on a GPU: real CUDA graphs --------------------------------------------------------------
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
