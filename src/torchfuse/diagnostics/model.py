@@ -87,6 +87,8 @@ class GraphReport:
     # How a graph that mixes devices keeps each kernel on one device: CPU scalars passed by
     # value, CPU kernels built for the CPU, buffers copied to the device that reads them.
     device_notes: list[str] = field(default_factory=list)
+    # Reductions run in two stages because one kernel would leave the GPU idle (Triton).
+    split_reductions: list[str] = field(default_factory=list)
     error: str | None = None  # set when compiling failed and the graph runs with ATen
     stage_seconds: dict[str, float] = field(default_factory=dict)
     aten_ops: list[str] = field(default_factory=list)  # ops of the input graph, in order
@@ -128,6 +130,8 @@ class GraphReport:
             lines.append(f"  no lowering (ran as ATen): {', '.join(sorted(set(self.fallbacks)))}")
         for note in self.device_notes:
             lines.append(f"  devices: {note}")
+        for note in self.split_reductions:
+            lines.append(f"  split: {note}")
         if self.stage_seconds:
             times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.stage_seconds.items())
             lines.append(f"  compile time: {times}")
