@@ -25,6 +25,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from torchfuse import pipeline
 from torchfuse.diagnostics.model import GraphReport
+from torchfuse.frontend.decompositions import decomposition_table
 from torchfuse.options import Options
 from torchfuse.runtime.launch import Launcher
 
@@ -72,7 +73,7 @@ CASES = {
 def _rendered(fn, args):
     """(kernel, rendered kernel) for each kernel of ``fn`` on the Triton target, through the
     pipeline's stages, without running anything."""
-    gm = make_fx(fn)(*args)
+    gm = make_fx(fn, decomposition_table=decomposition_table())(*args)  # as aot_autograd decomposes
     state = pipeline.CompileState(gm, list(args), Options(target="triton"), "triton", GraphReport("g", "inference", "triton"))
     pipeline.stage_lower(state)
     pipeline.stage_schedule(state)
