@@ -107,13 +107,13 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy)
 
 
 def _chunk_near(total: int, target: int) -> int:
-    """A chunk length within a factor 2 of ``target`` that divides ``total`` (no ragged last
-    chunk, so no clamped indices), the closest one; else ``target``."""
-    best = None
-    for chunk in range(max(1, target // 2), min(total, 2 * target) + 1):
-        if total % chunk == 0 and (best is None or abs(chunk - target) < abs(best - target)):
-            best = chunk
-    return best or target
+    """The chunk length closest to ``target`` (within a factor 2, at most 4096 away) that divides
+    ``total``, so no chunk is ragged (no clamped indices); else ``target``."""
+    for delta in range(min(target // 2, 4096) + 1):
+        for chunk in (target - delta, target + delta):
+            if 0 < chunk <= total and total % chunk == 0:
+                return chunk
+    return target
 
 
 def _rewrite(node: Reduction, plan: Split, graph: Graph) -> list:
