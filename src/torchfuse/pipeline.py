@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 import torchfuse.scheduler.schedule as scheduling  # a module, so a test can replace its schedule()
 from torchfuse.codegen.cpp.kernel import CppKernel
 from torchfuse.codegen.triton.kernel import render_kernel as render_triton_kernel
+from torchfuse.codegen.triton.split import split_reductions
 from torchfuse.diagnostics import report as reports
 from torchfuse.diagnostics.model import GraphReport, KernelReport
 from torchfuse.diagnostics.traffic import TrafficCounter
@@ -194,8 +195,8 @@ def _cache_entry(state: CompileState) -> graph_cache.GraphEntry:
 
 
 # What a cache hit takes from the stored report: everything the stages would have written.
-RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "device_notes", "ir_text", "wrapper_source",
-                          "input_buffers", "output_buffers", "eager_bytes")
+RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "device_notes", "split_reductions", "ir_text",
+                          "wrapper_source", "input_buffers", "output_buffers", "eager_bytes")
 
 
 def _restore(state: CompileState, entry: graph_cache.GraphEntry) -> None:
@@ -288,6 +289,11 @@ def stage_lower(state: CompileState) -> None:
             convolutions_channels_last(state.gm)
     state.graph = lower(state.gm, state.report.name)
     state.report.device_notes = place_on_one_device(state.graph)
+    if state.target == "triton":
+        # Reductions with too few outputs to fill a GPU become two stages (codegen/triton/split.py):
+        # those Triton renders, i.e. CUDA nodes, or every node when only the interpreter runs.
+        cuda = any(getattr(n, "device", None) is not None and n.device.type == "cuda" for n in state.graph.nodes)
+        state.report.split_reductions = split_reductions(state.graph, {"cuda"} if cuda else {"cpu"})
     state.report.fallbacks = list(state.graph.fallbacks)
     state.report.ir_text = format_graph(state.graph)
 

@@ -88,6 +88,8 @@ class GraphReport:
     # How a graph that mixes devices keeps each kernel on one device: CPU scalars passed by
     # value, CPU kernels built for the CPU, buffers copied to the device that reads them.
     device_notes: list[str] = field(default_factory=list)
+    # Reductions run in two stages because one kernel would leave the GPU idle (Triton).
+    split_reductions: list[str] = field(default_factory=list)
     error: str | None = None  # set when compiling failed and the graph runs with ATen
     stage_seconds: dict[str, float] = field(default_factory=dict)
     aten_ops: list[str] = field(default_factory=list)  # ops of the input graph, in order
@@ -135,6 +137,8 @@ class GraphReport:
         if self.cudagraphs:
             counts = ", ".join(f"{reason}: {n}" for reason, n in self.cudagraphs.items())
             lines.append(f"  CUDA graphs: {counts}")
+        for note in self.split_reductions:
+            lines.append(f"  split: {note}")
         if self.stage_seconds:
             times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.stage_seconds.items())
             lines.append(f"  compile time: {times}")

@@ -285,7 +285,7 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
     namespace.update(tensor_constants)  # lifted tensor constants, by buffer name
     for name, value in constants.items():
         if isinstance(value, TritonKernel):
-            value = Launcher(launchers[value.name], value.kind, value.persistent)
+            value = Launcher(launchers[value.name], value.kind, value.persistent, outer=value.outer)
         elif isinstance(value, CppKernel):
             value = launchers[value.name]  # the ctypes function
         namespace[name] = value
