@@ -329,15 +329,21 @@ def test_outputs_kept_across_calls_and_new_shapes_with_dynamic():
 @cuda
 @pytest.mark.gpu
 def test_a_sync_inside_the_graph_runs_the_default_path_with_the_reason():
+    # An op the graph keeps as an ATen call that reads a value on the host (as nonzero or
+    # .item() do): recording it fails, and every call runs the default path, correctly.
+    @torch.library.custom_op("torchfuse_test::scale_by_host_sum", mutates_args=())
+    def scale_by_host_sum(x: torch.Tensor) -> torch.Tensor:
+        return x * float(x.sum().item())
+
+    @scale_by_host_sum.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
     torchfuse.reset()
-
-    def f(x):
-        return x * x.sum().item()
-
-    with torch._dynamo.config.patch(capture_scalar_outputs=True):
-        compiled = torchfuse.compile(f, mode="reduce-overhead")
-        for _ in range(3):
-            x = torch.randn(8, device="cuda")
-            torch.testing.assert_close(compiled(x), f(x))
+    compiled = torchfuse.compile(lambda x: scale_by_host_sum(x.relu()) + 1, mode="reduce-overhead")
+    for _ in range(3):
+        x = torch.randn(8, device="cuda")
+        torch.testing.assert_close(compiled(x), scale_by_host_sum(x.relu()) + 1)
     counts = _graph_counts()
     assert any(reason.startswith("default path: recording failed") for reason in counts), counts
+    assert counts["replayed"] == 0, counts
