@@ -18,6 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import torchfuse
 from torch._functorch.aot_autograd import make_boxed_func
 
+from torchfuse.pipeline import _reads_on_host
 from torchfuse.frontend.aot import aot_backend, mutated_inputs, saved_outputs_start
 from torchfuse.runtime.cudagraphs import MAX_LAYOUTS, CudaGraphRunner, GraphIO
 
@@ -246,6 +247,11 @@ def test_reduce_overhead_on_cpu_says_why_no_graphs_and_runs():
     graph = torchfuse.report().graphs[-1]
     assert graph.cudagraphs["not used: the graph does not run on a CUDA device"] == 1
     assert "CUDA graphs: not used" in str(graph)
+
+
+def test_ops_that_read_gpu_data_on_the_host_are_known_by_their_tags():
+    assert _reads_on_host("aten.nonzero.default") and _reads_on_host("aten.masked_select.default")
+    assert not _reads_on_host("aten.mm.default") and not _reads_on_host("not an op")
 
 
 def test_torch_compile_with_the_backend_name_passes_the_mode():

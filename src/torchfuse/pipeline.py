@@ -136,7 +136,26 @@ def _cuda_graph_refusal(state: CompileState) -> str | None:
         return "the graph does not run on a CUDA device"
     if any(isinstance(k, CppKernel) for k in state.kernels.values()):
         return "part of the graph runs on the CPU (C++ kernels): a replay would skip it"
+    host_reads = sorted({op for k in state.report.kernels if k.kind == "extern" for op in k.ops if _reads_on_host(op)})
+    if host_reads:
+        return f"the graph calls {', '.join(host_reads)} with ATen, which reads GPU data on the host"
     return None
+
+
+# ATen ops whose output shape or value comes from the data: the host waits for the GPU inside
+# them, which a CUDA graph cannot record (custom ops say so with the cudagraph_unsafe tag).
+HOST_READ_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output,
+                            torch.Tag.cudagraph_unsafe})
+
+
+def _reads_on_host(op_name: str) -> bool:
+    """Does the op named ``op_name`` ("aten.nonzero.default") carry a tag of HOST_READ_TAGS?"""
+    try:
+        namespace, name, overload = op_name.split(".")
+        op = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    except (ValueError, AttributeError):
+        return False
+    return bool(HOST_READ_TAGS & set(getattr(op, "tags", ())))
 
 
 def _static_shape(tensor: torch.Tensor) -> bool:

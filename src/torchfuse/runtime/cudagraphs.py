@@ -56,9 +56,18 @@ class TorchCudaGraphs:
     random ops advance the generator on every replay."""
 
     def record(self, run: Boxed, inputs: list) -> tuple[Replayable, Sequence[Any]]:
+        generator = torch.cuda.default_generators[torch.cuda.current_device()]
+        before = generator.clone_state()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = list(run(list(inputs)))
+        try:
+            with torch.cuda.graph(graph):
+                outputs = list(run(list(inputs)))
+        except BaseException:
+            # A capture that fails (a sync inside) ends without the generator leaving capture
+            # mode: the next random op outside would fail ("Offset increment outside graph
+            # capture", seen on the H200). Give it back its state from before the capture.
+            generator.graphsafe_set_state(before)
+            raise
         return graph, outputs
 
 
