@@ -181,7 +181,7 @@ def _load_launchers(kernels: dict, graph_name: str) -> dict:
     launchers = cpp_build.load_graph_kernels(cpp_kernels, graph_name)
     for name, kernel in kernels.items():
         if not isinstance(kernel, CppKernel):
-            launchers[name] = kernel_cache.load_kernel(kernel.source, kernel.name, kernel.device != "cuda")
+            launchers[name] = kernel_cache.load_kernel(kernel.source, kernel.function, kernel.device != "cuda")
     return launchers
 
 
