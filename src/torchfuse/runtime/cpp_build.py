@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchfuse.codegen.cpp import kernel as cpp_kernel
-from torchfuse.runtime.kernel_cache import cache_dir
+from torchfuse.runtime.cache_paths import cache_dir
 
 # -O3 -march=<arch()>: vectorize for this CPU (or the level $TORCHFUSE_CPP_ARCH names).
 # -fno-math-errno and -fno-trapping-math change no result (we never read errno or FP exception
