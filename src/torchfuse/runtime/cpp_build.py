@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ class CppCompileError(RuntimeError):
 @dataclass
 class BuildStats:
     compiler_calls: int = 0  # builds that ran the compiler in this process
+    compiler_seconds: float = 0.0  # wall time of those compiler runs
     disk_hits: int = 0  # libraries found on disk (built by an earlier process or graph)
     corrupt_entries: int = 0  # cached libraries that failed their digest check and were rebuilt
     memory_hits: int = 0  # libraries already loaded in this process
@@ -216,7 +218,9 @@ def _compile(compiler: str, flags: tuple[str, ...], source: Path, target: Path, 
             if extra:
                 command.remove("-lmvec")
             stats.compiler_calls += 1
+            started = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True)
+            stats.compiler_seconds += time.perf_counter() - started
             if done.returncode == 0:
                 os.replace(tmp, target)
                 return
