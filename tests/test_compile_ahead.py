@@ -216,3 +216,23 @@ def test_gpu_first_run_launches_binaries_compiled_ahead():
     through_triton, ahead = launch.stats.through_triton, launch.stats.ahead
     torch.testing.assert_close(fn(x, y), (torch.sigmoid(x) * y).sum(-1) + torch.tanh(y).sum())
     assert launch.stats.ahead > ahead and launch.stats.through_triton == through_triton
+
+
+def test_waiting_shows_progress_only_on_a_terminal(monkeypatch):
+    import threading
+    from concurrent.futures import Future
+
+    from torchfuse.runtime import progress
+
+    def later(value):
+        future: Future = Future()
+        threading.Timer(0.3, future.set_result, (value,)).start()
+        return future
+
+    assert not progress.wanted()  # pytest captures stderr: not a terminal, nothing is drawn
+    assert progress.wait(later(1), lambda: "never drawn") == 1
+    monkeypatch.setattr(progress, "wanted", lambda: True)
+    monkeypatch.setattr(progress, "SHOW_AFTER_SECONDS", 0.05)
+    described = []
+    assert progress.wait(later(2), lambda: described.append(1) or "torchfuse: compiling") == 2
+    assert described  # the line was drawn (and refreshed) while waiting

@@ -41,7 +41,8 @@ class CompileTimes:
         return max(0.0, self.backend_s - self.ours_s)
 
     def minus(self, before: "CompileTimes") -> "CompileTimes":
-        return CompileTimes(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in fields(self)})
+        """What was added since ``before`` (never negative: ``torchfuse.reset()`` drops graphs)."""
+        return CompileTimes(**{f.name: max(0, getattr(self, f.name) - getattr(before, f.name)) for f in fields(self)})
 
     def as_dict(self) -> dict[str, float]:
         """The split in seconds, as the benchmark records it."""
