@@ -88,6 +88,9 @@ class CaseResult:
         if backend == "torchfuse" and self.tf_fallbacks:
             found.append(f"torchfuse ran {len(self.tf_fallbacks)} of {self.tf_graphs} graphs with ATen: "
                          + "; ".join(self.tf_fallbacks))
+        if backend == "torchfuse" and self.tf_split_warm.get("gpu_compiled"):
+            found.append(f"torchfuse's warm process compiled {self.tf_split_warm['gpu_compiled']:.0f} GPU kernel(s): "
+                         "the binary cache missed")
         if backend == "torchfuse" and self.tf_compiles_while_timed:
             found.append(f"torchfuse compiled {self.tf_compiles_while_timed} kernel(s) during timed steps, "
                          "after the first call")

@@ -30,6 +30,7 @@ class CompileTimes:
     gpu_workers_s: float = 0.0  # Triton compiles in the worker pool, summed over workers
     gpu_wait_s: float = 0.0  # first launches waiting for a worker's compile
     gpu_ahead: int = 0  # binaries compiled ahead (workers) or found on disk
+    gpu_compiled: int = 0  # of which compiled by a worker (a warm process must have none)
     gpu_jit_launches: int = 0  # launches through Triton's JIT (a first launch of a specialization)
 
     @property
@@ -48,13 +49,14 @@ class CompileTimes:
         """The split in seconds, as the benchmark records it."""
         return {"capture": self.capture_s, "aot": self.aot_s, "ours": self.ours_s - self.cpp_compiler_s,
                 "cpp": self.cpp_compiler_s, "gpu_wait": self.gpu_wait_s, "gpu_workers": self.gpu_workers_s,
-                "gpu_jit_launches": float(self.gpu_jit_launches)}
+                "gpu_compiled": float(self.gpu_compiled), "gpu_jit_launches": float(self.gpu_jit_launches)}
 
     def __str__(self) -> str:
         text = (f"compile time: Dynamo capture {self.capture_s:.2f} s, AOTAutograd {self.aot_s:.2f} s, "
                 f"torchfuse {self.ours_s - self.cpp_compiler_s:.2f} s, C++ compiler {self.cpp_compiler_s:.2f} s")
         if self.gpu_ahead or self.gpu_workers_s or self.gpu_jit_launches:
-            text += (f"; GPU kernels: {self.gpu_ahead} compiled ahead ({self.gpu_workers_s:.2f} s in workers, "
+            text += (f"; GPU kernels: {self.gpu_ahead} compiled ahead, {self.gpu_compiled} of them by workers "
+                     f"({self.gpu_workers_s:.2f} s in workers, "
                      f"first runs waited {self.gpu_wait_s:.2f} s), {self.gpu_jit_launches} launches through "
                      "Triton's JIT")
         return text
@@ -66,7 +68,8 @@ def snapshot(graphs: list[GraphReport]) -> CompileTimes:
         dynamo_s=dynamo_timer_seconds(DYNAMO_TIMER), backend_s=dynamo_timer_seconds(BACKEND_TIMER),
         ours_s=sum(sum(g.stage_seconds.values()) for g in graphs), cpp_compiler_s=cpp_build.stats.compiler_seconds,
         gpu_workers_s=compile_pool.stats.worker_seconds, gpu_wait_s=triton_ahead.stats.wait_seconds,
-        gpu_ahead=triton_ahead.stats.predicted, gpu_jit_launches=launch.stats.through_triton)
+        gpu_ahead=triton_ahead.stats.predicted, gpu_compiled=triton_ahead.stats.compiled,
+        gpu_jit_launches=launch.stats.through_triton)
 
 
 def compile_events() -> int:
