@@ -236,3 +236,40 @@ def test_waiting_shows_progress_only_on_a_terminal(monkeypatch):
     described = []
     assert progress.wait(later(2), lambda: described.append(1) or "torchfuse: compiling") == 2
     assert described  # the line was drawn (and refreshed) while waiting
+
+
+def test_a_graphs_real_kernels_compile_ahead_for_the_gpu(monkeypatch):
+    """The renderer's kernels of a real graph (a pointwise kernel, a persistent and a looped
+    reduction), predicted from the graph and compiled for sm_90 by the pool, load as binaries."""
+    import dataclasses
+
+    import torchfuse
+    from torchfuse import pipeline
+
+    captured = []
+    stages = pipeline.STAGES + [("spy", lambda state: captured.append(state))]
+    monkeypatch.setattr(pipeline, "STAGES", stages)
+    monkeypatch.setenv("TORCHFUSE_GRAPH_CACHE", "0")
+
+    def fn(x, w, long_rows):
+        y = torch.nn.functional.layer_norm(x, (x.shape[-1],), w) * 2
+        return torch.sigmoid(y), long_rows.sum(-1)
+
+    compiled = torchfuse.compile(fn, options={"target": "triton", "strict": True})
+    compiled(torch.randn(64, 256), torch.randn(256), torch.randn(4, 10000))
+    state = captured[-1]
+    kernels = {name: dataclasses.replace(k, device="cuda") for name, k in state.kernels.items()}
+    fns = {name: kernel_cache.load_kernel(k.source, k.function, interpret=False) for name, k in kernels.items()}
+    predictions = predict_launches(state.graph, state.plan, kernels, state.example_inputs)
+    assert len(predictions) >= 2 and not any(isinstance(p, Unpredicted) for p in predictions.values())
+    assert {k.persistent for k in kernels.values() if k.kind == "reduction"} == {True, False}
+    ready = triton_ahead.compile_ahead(kernels, fns, predictions, target=H100)
+    assert set(ready) == set(kernels)
+    for name, (launch_, loader) in ready.items():
+        if loader.future is not None:
+            reply = compile_pool.wait(loader.future)
+            assert reply["ok"], reply
+        binary = _load(loader)
+        config = (launch.pointwise_config(launch_.xnumel) if kernels[name].kind == "pointwise"
+                  else launch.reduction_config(kernels[name].persistent, launch_.xnumel, launch_.rnumel))
+        assert binary.metadata.num_warps == config.num_warps and binary.kernel[:4] == b"\x7fELF"
