@@ -273,3 +273,17 @@ def test_a_graphs_real_kernels_compile_ahead_for_the_gpu(monkeypatch):
         config = (launch.pointwise_config(launch_.xnumel) if kernels[name].kind == "pointwise"
                   else launch.reduction_config(kernels[name].persistent, launch_.xnumel, launch_.rnumel))
         assert binary.metadata.num_warps == config.num_warps and binary.kernel[:4] == b"\x7fELF"
+
+
+def test_with_no_workers_only_binaries_on_disk_are_used(monkeypatch):
+    kernel, fn = _kernel(8.0)
+    on_disk = _compile(kernel, fn)  # compiled once, stored
+    compile_pool.shutdown_pool()
+    monkeypatch.setenv("TORCHFUSE_COMPILE_WORKERS", "0")
+    assert compile_pool.get_pool() is None
+    again = triton_ahead.compile_ahead({"kernel0": kernel}, {"kernel0": fn}, {"kernel0": LAUNCH}, target=H100)
+    assert again["kernel0"][1].key == on_disk.key and again["kernel0"][1].future is None
+    other, other_fn = _kernel(9.0)
+    failed = triton_ahead.stats.failed
+    assert triton_ahead.compile_ahead({"kernel0": other}, {"kernel0": other_fn}, {"kernel0": LAUNCH}, target=H100) == {}
+    assert triton_ahead.stats.failed == failed  # off is not a failure: Triton compiles at the launch

@@ -104,24 +104,30 @@ def compile_ahead(kernels: dict[str, Any], fns: dict[str, Any], predictions: dic
             _count("unpredicted")
             continue
         try:
-            ready[name] = (launch, _start(kernels[name], fns[name], launch, target))
+            loader = _start(kernels[name], fns[name], launch, target)
         except Exception as error:  # noqa: BLE001 - unexpected Triton internals: compile at launch
             _failed(f"{name}: {type(error).__name__}: {error}")
+            continue
+        if loader is not None:
+            ready[name] = (launch, loader)
     return ready
 
 
-def _start(kernel: Any, fn: Any, launch: PredictedLaunch, target: Target) -> Callable[[], Any]:
+def _start(kernel: Any, fn: Any, launch: PredictedLaunch, target: Target) -> AheadBinary | None:
+    """The loader of ``launch``'s binary: found on disk, or being compiled by a worker; None when
+    it is not on disk and compiling ahead is off (``TORCHFUSE_COMPILE_WORKERS=0``)."""
     spec = specialize(fn, kernel, launch, target)
     key = binary_key(kernel_cache.module_source(kernel.source), kernel.function, spec, target)
-    _count("predicted")
     loader = AheadBinary(fn, spec, key, target)
     if binary_cache.lookup(binaries_root(), key) is not None:
+        _count("predicted")
         _count("from_disk")
         return loader
     pool = compile_pool.get_pool()
-    if pool is None:  # TORCHFUSE_COMPILE_WORKERS=0
-        raise RuntimeError("compiling ahead is off (TORCHFUSE_COMPILE_WORKERS=0)")
+    if pool is None:
+        return None
     loader.future = pool.submit(_job(kernel, spec, key, target))
+    _count("predicted")
     _count("compiled")
     return loader
 
