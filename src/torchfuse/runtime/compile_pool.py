@@ -91,12 +91,20 @@ class _Worker:
         tail = self.log.read()[-2000:].decode(errors="replace").strip()
         return f"compile worker {self.process.pid} died (exit {code}): {tail or 'no output'}"
 
-    def stop(self, timeout: float) -> None:
+    def close(self) -> None:
+        """Ask the worker to exit: it returns from serve() at the end of its input."""
         try:
-            self.process.stdin.close()  # the worker returns from serve() at end of input
-            self.process.wait(timeout)
-        except (OSError, subprocess.TimeoutExpired):
-            self.process.kill()
+            self.process.stdin.close()
+        except OSError:
+            pass
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the worker until ``deadline`` (a ``time.monotonic`` time), then kill it."""
+        try:
+            self.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.process.kill()  # a compile in flight: its entry is never renamed into place
+            self.process.wait()
         self.log.close()
 
 
@@ -161,8 +169,9 @@ class CompilePool:
                     stats.worker_seconds += time.perf_counter() - started
             future.set_result(reply)
 
-    def shutdown(self, timeout: float = 2.0) -> None:
-        """Stop taking jobs, end the workers (a compile in flight is abandoned at exit)."""
+    def shutdown(self, timeout: float = 1.0) -> None:
+        """Stop taking jobs and end the workers, all within ``timeout`` seconds (a compile still
+        in flight then is abandoned: nothing waits for its result any more)."""
         with self._lock:
             if self._closed:
                 return
@@ -177,7 +186,10 @@ class CompilePool:
         for _ in self._workers:
             self._jobs.put(None)
         for worker in self._workers:
-            worker.stop(timeout)
+            worker.close()
+        deadline = time.monotonic() + timeout
+        for worker in self._workers:
+            worker.reap(deadline)
 
 
 def wait(future: Future) -> dict:
