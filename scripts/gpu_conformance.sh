@@ -55,7 +55,7 @@ fuzz() {  # seconds: FUZZ_PROCS processes, each running pytest again with a new 
                 echo "== process $i, seed $seed"
                 TORCHFUSE_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-60}" timeout -k 5 $(( end - $(date +%s) )) \
                     python3 -m pytest tests/test_fuzz.py -k random_programs -q -x -p no:cacheprovider \
-                    --hypothesis-seed="$seed" -W ignore --tb=short 2>&1 | tail -n 40
+                    -p no:logging --hypothesis-seed="$seed" -W ignore --tb=short 2>&1 | tail -n 60
                 status=${PIPESTATUS[0]}
                 echo "== process $i, seed $seed: exit $status"
                 [ "$status" -le 1 ] || break  # 0: passed, 1: a failure (shrunk, above); else broken or cut

@@ -194,3 +194,14 @@ def test_plain_torch_compile_routed_to_torchfuse_with_eager_baseline(tmp_path):
     assert stats.graphs and all(g.compile_id for g in stats.graphs)  # torchfuse compiled them
     assert stats.eager_s_per_call is not None and stats.eager_s_per_call > 0  # measured by the baseline run
     assert "eager takes" in stats.verdict()[1]
+
+
+def test_cuda_graph_reasons_are_listed_with_a_fix(tmp_path):
+    script = tmp_path / "ro.py"
+    script.write_text("import torch\nimport torchfuse\n"
+                      "f = torchfuse.compile(lambda x: torch.relu(x) + 1, mode='reduce-overhead')\n"
+                      "for _ in range(3):\n    f(torch.randn(8))\n")
+    result = run_script(str(script))
+    text = result.text()
+    assert "CUDA graphs (mode='reduce-overhead')" in text
+    assert "not used: the graph does not run on a CUDA device" in text and "CUDA graphs need CUDA tensors" in text

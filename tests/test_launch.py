@@ -43,8 +43,17 @@ class FakeJit:
 def test_block_sizes_follow_the_sizes():
     assert pointwise_config(5) == launch.Config(1, (16,), 2)
     assert pointwise_config(100_000) == launch.Config(98, (1024,), 4)
-    assert reduction_config(True, 1000, 300) == launch.Config(125, (8, 512), 8)
+    assert reduction_config(True, 100_000, 300) == launch.Config(12_500, (8, 512), 8)
+    # 1000 rows at 8 a program would be 125 programs: fewer rows per program fill 132 SMs twice.
+    assert reduction_config(True, 1000, 300) == launch.Config(500, (2, 512), 4)
     assert reduction_config(False, 7, 50_000) == launch.Config(7, (1, 1024), 4)
+    # Short rows looped (their length is symbolic) share a program.
+    assert reduction_config(False, 100_000, 100) == launch.Config(12_500, (8, 128), 4)
+    # Outer tiles put 32-128 rows on the lanes, RBLOCK reduced indices a step.
+    assert reduction_config(False, 65_536, 784, outer=True) == launch.Config(512, (128, 16), 8)
+    assert reduction_config(False, 768, 4096, outer=True) == launch.Config(24, (32, 64), 8)
+    assert reduction_config(True, 2048, 128, outer=True) == launch.Config(64, (32, 128), 8)
+    assert reduction_config(True, 256, 64, outer=True) == launch.Config(4, (64, 64), 8)  # small: tiles kept
 
 
 def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary():

@@ -34,16 +34,23 @@ def compile(model_or_fn: Callable, *, fullgraph: bool = False, dynamic: bool | N
         What ``torch.compile`` returns.
     """
     validated = Options.from_user(options, mode)
-    if mode != "default":
-        # Accepted so that code written for torch.compile runs, but not silently ignored.
-        warnings.warn(f"torchfuse: mode={mode!r} is not implemented yet (no CUDA graphs, no autotuning); "
-                      "compiling with the default mode", stacklevel=2)
+    _warn_about_mode(mode)
     return torch.compile(model_or_fn, backend=make_backend(validated), fullgraph=fullgraph, dynamic=dynamic)
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
-    """The Dynamo backend with default options: ``torch.compile(m, backend="torchfuse")``."""
-    return make_backend(Options.from_user(kwargs.get("options")))(gm, example_inputs)
+    """The Dynamo backend: ``torch.compile(m, backend="torchfuse")``, which hands it ``mode=``
+    and ``options=`` when the caller gives them."""
+    mode = kwargs.get("mode") or "default"
+    _warn_about_mode(mode)
+    return make_backend(Options.from_user(kwargs.get("options"), mode))(gm, example_inputs)
+
+
+def _warn_about_mode(mode: str) -> None:
+    if mode.startswith("max-autotune"):
+        # Accepted so that code written for torch.compile runs, but not silently ignored.
+        graphs = "with CUDA graphs as in mode='reduce-overhead'" if mode == "max-autotune" else "without CUDA graphs"
+        warnings.warn(f"torchfuse: mode={mode!r} does not autotune kernels yet; compiling {graphs}", stacklevel=3)
 
 
 def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]], Callable]:

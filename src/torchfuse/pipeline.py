@@ -19,9 +19,11 @@ from torch.utils._pytree import tree_leaves
 import torchfuse.scheduler.schedule as scheduling  # a module, so a test can replace its schedule()
 from torchfuse.codegen.cpp.kernel import CppKernel
 from torchfuse.codegen.triton.kernel import render_kernel as render_triton_kernel
+from torchfuse.codegen.triton.split import split_reductions
 from torchfuse.diagnostics import report as reports
 from torchfuse.diagnostics.model import GraphReport, KernelReport
 from torchfuse.diagnostics.traffic import TrafficCounter
+from torchfuse.frontend.aot import mutated_inputs, saved_outputs_start
 from torchfuse.frontend.symbolic import shape_env_of, size_hint
 from torchfuse.ir.printer import format_graph
 from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users
@@ -30,7 +32,7 @@ from torchfuse.lowering.devices import check_one_device, place_on_one_device
 from torchfuse.lowering.driver import lower
 from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls
 from torchfuse.options import Options
-from torchfuse.runtime import cpp_build, graph_cache, kernel_cache, triton_ahead, wrapper
+from torchfuse.runtime import cpp_build, cudagraphs, graph_cache, kernel_cache, triton_ahead, wrapper
 from torchfuse.runtime.predict import Unpredicted, predict_launches
 from torchfuse.scheduler.kernel import FusedKernel
 
@@ -90,6 +92,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
     state = CompileState(gm, list(example_inputs), options, target, graph_report)
     try:
         call = _run_stages_or_restore(state)
+        if options.mode in CUDA_GRAPH_MODES:
+            call = _with_cuda_graphs(call, state)
         if options.check or os.environ.get("TORCHFUSE_CHECK") == "1":
             call = _checked(call, gm, graph_report.name)
     except Exception as error:  # noqa: BLE001 - any internal failure falls back to ATen
@@ -108,6 +112,38 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
     reports.record(graph_report)
     call._boxed_call = True
     return call
+
+
+# Modes that replay CUDA graphs (max-autotune includes them, as torch.compile's does).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _with_cuda_graphs(call: Callable, state: CompileState) -> Callable:
+    """``call`` replayed through CUDA graphs (runtime/cudagraphs.py), or ``call`` itself with
+    the reason in the report when the graph cannot use them at all."""
+    reason = _cuda_graph_refusal(state)
+    if reason:
+        state.report.cudagraphs[f"not used: {reason}"] += 1
+        return call
+    io = cudagraphs.GraphIO(mutated_inputs=mutated_inputs(state.gm),
+                            saved_outputs_from=saved_outputs_start(state.report.kind),
+                            clone_all_outputs=state.report.kind == "backward")
+    shape_generic = any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and not _static_shape(x))
+                        for x in state.example_inputs)
+    return cudagraphs.CudaGraphRunner(call, io, state.report.cudagraphs, shape_generic=shape_generic)
+
+
+def _cuda_graph_refusal(state: CompileState) -> str | None:
+    if state.target != "triton" or not any(isinstance(x, torch.Tensor) and x.device.type == "cuda"
+                                           for x in state.example_inputs):
+        return "the graph does not run on a CUDA device"
+    if any(isinstance(k, CppKernel) for k in state.kernels.values()):
+        return "part of the graph runs on the CPU (C++ kernels): a replay would skip it"
+    return None
+
+
+def _static_shape(tensor: torch.Tensor) -> bool:
+    return all(isinstance(d, int) for d in (*tensor.shape, *tensor.stride()))
 
 
 def run_captured(gm: torch.fx.GraphModule, error: str | None = None) -> Callable:
@@ -162,8 +198,8 @@ def _cache_entry(state: CompileState) -> graph_cache.GraphEntry:
 
 
 # What a cache hit takes from the stored report: everything the stages would have written.
-RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "device_notes", "ir_text", "wrapper_source",
-                          "input_buffers", "output_buffers", "eager_bytes")  # not binaries: _restore fills it
+RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "device_notes", "split_reductions", "ir_text",
+                          "wrapper_source", "input_buffers", "output_buffers", "eager_bytes")  # not binaries: _restore fills it
 
 
 def _restore(state: CompileState, entry: graph_cache.GraphEntry) -> None:
@@ -258,6 +294,11 @@ def stage_lower(state: CompileState) -> None:
             convolutions_channels_last(state.gm)
     state.graph = lower(state.gm, state.report.name)
     state.report.device_notes = place_on_one_device(state.graph)
+    if state.target == "triton":
+        # Reductions with too few outputs to fill a GPU become two stages (codegen/triton/split.py):
+        # those Triton renders, i.e. CUDA nodes, or every node when only the interpreter runs.
+        cuda = any(getattr(n, "device", None) is not None and n.device.type == "cuda" for n in state.graph.nodes)
+        state.report.split_reductions = split_reductions(state.graph, {"cuda"} if cuda else {"cpu"})
     state.report.fallbacks = list(state.graph.fallbacks)
     state.report.ir_text = format_graph(state.graph)
 

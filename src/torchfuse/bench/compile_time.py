@@ -56,9 +56,14 @@ def compiler_for(backend: str) -> Callable[[Callable[..., Any]], Callable[..., A
         return lambda fn: torch.compile(fn)  # default mode, as users call it
     if backend == "torchfuse":
         return lambda fn: torchfuse.compile(fn)
+    if backend == "inductor-ro":
+        return lambda fn: torch.compile(fn, mode="reduce-overhead")
+    if backend == "torchfuse-ro":
+        return lambda fn: torchfuse.compile(fn, mode="reduce-overhead")
     if backend == "dynamo":
         return lambda fn: torch.compile(fn, backend="eager")
-    raise ValueError(f"unknown backend {backend!r}; choose from eager, inductor, torchfuse, dynamo")
+    raise ValueError(f"unknown backend {backend!r}; choose from eager, inductor, torchfuse, inductor-ro, "
+                     "torchfuse-ro, dynamo")
 
 
 def warm_up_compilers(backends: list[str], device: torch.device) -> None:

@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from torchfuse.bench.runner import CaseResult
 
 COMPILED = ("inductor", "torchfuse")
+# CUDA graphs (mode="reduce-overhead") for both compilers: columns of their own when run.
+REDUCE_OVERHEAD = ("inductor-ro", "torchfuse-ro")
+
+
+def reduce_overhead_backends(results: list[CaseResult]) -> list[str]:
+    return [b for b in REDUCE_OVERHEAD if any(b in r.ms or b in r.errors for r in results)]
 
 
 def environment(device: torch.device) -> dict[str, str]:
@@ -60,7 +66,9 @@ def _fmt(value: float | int | None, spec: str, suffix: str = "") -> str:
 
 def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[list[str]]]:
     """The table's header and rows, shared by the terminal and Markdown renderings."""
+    extra = reduce_overhead_backends(results)
     header = ["case", "suite", "eager ms", "inductor ms", "torchfuse ms", "inductor x", "torchfuse x",
+              *(f"{b} {unit}" for b in extra for unit in ("ms", "x")),
               "peak MB e/i/t", "kernels e/i/t", "BW % copy i/t", "tf error", "ok"]
     table = []
     for r in results:
@@ -72,6 +80,8 @@ def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[li
         table.append([
             r.case, r.suite, *ms,
             *(_fmt(r.speedup(b), ".2f", "x") for b in COMPILED),
+            *(text for b in extra for text in (_fmt(r.ms.get(b), ".3f") if b not in r.errors else "fail",
+                                                _fmt(r.speedup(b), ".2f", "x"))),
             "/".join(_fmt(r.peak_mb.get(b), ".0f") for b in ("eager", *COMPILED)),
             "/".join(_fmt(r.kernels.get(b), "d") for b in ("eager", *COMPILED)),
             "/".join(_fmt(100 * r.bandwidth_fraction(b, copy_gbs), ".0f") for b in COMPILED),
@@ -157,7 +167,8 @@ def summary_lines(results: list[CaseResult], copy_gbs: float) -> list[str]:
     for suite in ("micro", "models"):
         done = [r for r in results if r.suite == suite and not r.skipped and "build" not in r.errors]
         if done:
-            means = ", ".join(f"{b} {geomean([r.speedup(b) for r in done]):.2f}x" for b in COMPILED)
+            means = ", ".join(f"{b} {geomean([r.speedup(b) for r in done]):.2f}x"
+                              for b in (*COMPILED, *reduce_overhead_backends(results)))
             lines.append(f"{suite}: geometric-mean speedup over eager: {means}")
     if not math.isnan(copy_gbs):
         lines.append(f"copy bandwidth (read + write) measured in this run: {copy_gbs:.0f} GB/s")
@@ -254,10 +265,11 @@ def bar_chart(results: list[CaseResult], path: Path) -> bool:
         return False
     done = [r for r in results if not r.skipped and "build" not in r.errors]
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(done)), 4))
-    width = 0.38
-    for i, backend in enumerate(COMPILED):
+    backends = [*COMPILED, *reduce_overhead_backends(results)]
+    width = 0.8 / len(backends)
+    for i, backend in enumerate(backends):
         values = [r.speedup(backend) if not math.isnan(r.speedup(backend)) else 0 for r in done]
-        ax.bar([x + (i - 0.5) * width for x in range(len(done))], values, width, label=backend)
+        ax.bar([x + (i - (len(backends) - 1) / 2) * width for x in range(len(done))], values, width, label=backend)
     ax.axhline(1.0, color="gray", linewidth=1, linestyle="--")
     ax.set_xticks(range(len(done)), [r.case for r in done], rotation=30, ha="right")
     ax.set_ylabel("speedup over eager")

@@ -65,6 +65,23 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, target: torch.Tensor) -> tuple[t
     return loss.detach(), grad
 
 
+def mse_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A loss over every element (a training step's last op): a full reduction to one value,
+    which needs a split into two stages to use more than one SM (issue 16)."""
+    return F.mse_loss(_upcast(x), _upcast(y))
+
+
+def column_sum(x: torch.Tensor) -> torch.Tensor:
+    """A bias gradient, ``grad.sum(0)``: an outer reduction over the rows, with few outputs."""
+    return x.sum(0)
+
+
+def bn_stats_channels_last(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training batch norm's statistics over N*H*W of channels-last activations (outer: the
+    channels are contiguous)."""
+    return torch.var_mean(x, (0, 2, 3), correction=0)
+
+
 def _randn(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype,
            gen: torch.Generator) -> torch.Tensor:
     # Draw on the CPU in float32 so the numbers do not depend on device or dtype.
@@ -101,6 +118,22 @@ def _cross_entropy_inputs(device: torch.device | str, dtype: torch.dtype, size: 
     return logits, target
 
 
+def _mse_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    rows, cols = ROWS_COLS[size]
+    return _randn((rows, cols), device, dtype, gen), _randn((rows, cols), device, dtype, gen)
+
+
+def _column_sum_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    return (_randn(ROWS_COLS[size], device, dtype, gen),)
+
+
+def _bn_stats_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    rows, cols = ROWS_COLS[size]
+    side = 32 if size == "bench" else 8  # bench: [128, 256, 32, 32], 67 MB of bf16
+    x = _randn((max(2, rows // 128), cols // 16, side, side), device, dtype, gen)
+    return (x.contiguous(memory_format=torch.channels_last),)
+
+
 @dataclass(frozen=True)
 class Pattern:
     """One benchmark/test case: fn(*make_inputs(device, dtype, size))."""
@@ -124,6 +157,9 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("scaled_softmax", scaled_softmax, _softmax_inputs),
     Pattern("add_rmsnorm", add_rmsnorm, _add_rmsnorm_inputs),
     Pattern("cross_entropy_fwd_bwd", cross_entropy_fwd_bwd, _cross_entropy_inputs, needs_grad=True),
+    Pattern("mse_loss", mse_loss, _mse_inputs),
+    Pattern("column_sum", column_sum, _column_sum_inputs),
+    Pattern("bn_stats_channels_last", bn_stats_channels_last, _bn_stats_inputs),
 )
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
 

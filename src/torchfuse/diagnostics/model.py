@@ -7,6 +7,7 @@ only the code that reads or writes these fields.
 """
 from __future__ import annotations
 
+import collections
 import re
 from dataclasses import dataclass, field
 
@@ -87,6 +88,8 @@ class GraphReport:
     # How a graph that mixes devices keeps each kernel on one device: CPU scalars passed by
     # value, CPU kernels built for the CPU, buffers copied to the device that reads them.
     device_notes: list[str] = field(default_factory=list)
+    # Reductions run in two stages because one kernel would leave the GPU idle (Triton).
+    split_reductions: list[str] = field(default_factory=list)
     error: str | None = None  # set when compiling failed and the graph runs with ATen
     stage_seconds: dict[str, float] = field(default_factory=dict)
     aten_ops: list[str] = field(default_factory=list)  # ops of the input graph, in order
@@ -99,6 +102,9 @@ class GraphReport:
     # GPU kernel name -> where its binary comes from: "compiled ahead" (in the worker pool, or
     # from the disk cache, before the first run) or "at its first launch: <why>" (Triton's JIT)
     binaries: dict[str, str] = field(default_factory=dict)
+    # mode="reduce-overhead": "recorded", "replayed", and "default path: <reason>" -> calls
+    # (or "not used: <reason>" when the graph cannot use CUDA graphs at all).
+    cudagraphs: collections.Counter = field(default_factory=collections.Counter)
 
     @property
     def eager_kernel_count(self) -> int:
@@ -137,6 +143,11 @@ class GraphReport:
             for kernel, where in self.binaries.items():
                 if where != "compiled ahead":
                     lines.append(f"    {kernel}: {where}")
+        if self.cudagraphs:
+            counts = ", ".join(f"{reason}: {n}" for reason, n in self.cudagraphs.items())
+            lines.append(f"  CUDA graphs: {counts}")
+        for note in self.split_reductions:
+            lines.append(f"  split: {note}")
         if self.stage_seconds:
             times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.stage_seconds.items())
             lines.append(f"  compile time: {times}")

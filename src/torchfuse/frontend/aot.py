@@ -14,6 +14,7 @@ import torch.fx
 from torch._dynamo import exc as dynamo_exc
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch._guards import TracingContext
 
 from torchfuse.frontend.decompositions import decomposition_table
 
@@ -70,6 +71,45 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
             return run_captured(gm, f"{type(error).__name__}: {error}")
 
     return backend
+
+
+def mutated_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Positions of the graph's inputs that it writes in place (a functionalized graph writes
+    an input back with ``copy_``; any op whose schema marks an argument as written counts)."""
+    placeholders = {node: i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    mutated: set[int] = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        for argument, value in zip(schema.arguments, node.args):
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                base = _viewed_input(value)
+                if base in placeholders:
+                    mutated.add(placeholders[base])
+    return frozenset(mutated)
+
+
+def _viewed_input(value: Any) -> Any:
+    """The node a chain of view ops starts from (writing a view writes its base)."""
+    while isinstance(value, torch.fx.Node) and value.op == "call_function":
+        schema = getattr(value.target, "_schema", None)
+        returns_view = schema is not None and schema.returns and schema.returns[0].alias_info is not None
+        if not returns_view or not value.args:
+            break
+        value = value.args[0]
+    return value
+
+
+def saved_outputs_start(kind: str) -> int | None:
+    """In a forward graph of aot_autograd, the position of the first output saved for the
+    backward (the outputs before it are the user's and mutated inputs' new values); None when
+    not known. Read from aot_autograd's metadata while it compiles the forward graph."""
+    if kind != "forward":
+        return None
+    metadata = getattr(TracingContext.try_get(), "fw_metadata", None)
+    start = getattr(metadata, "num_forward", None)
+    return start if isinstance(start, int) else None
 
 
 def _is_dynamo_control_flow(error: Exception) -> bool:

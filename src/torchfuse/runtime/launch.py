@@ -23,9 +23,15 @@ from typing import Any, Callable
 
 import torch
 
+from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK
+
 MAX_POINTWISE_BLOCK = 1024
 MAX_PERSISTENT_TILE = 4096  # elements of one [XBLOCK, RBLOCK] tile held in registers
 LOOPED_RBLOCK = 1024
+# Outer reductions (codegen/triton/tiling.py): lanes walk the rows. 128 rows of bf16 are 256
+# contiguous bytes per reduced index; XBLOCK shrinks to OUTER_MIN_XBLOCK to reach MIN_PROGRAMS.
+OUTER_XBLOCK, OUTER_TILE = 128, 2048
+SMALL_KERNEL = 1 << 16  # elements
 
 # Launches through Triton hold this lock. Triton's interpreter (kernels on CPU tensors) patches
 # triton.language for the duration of a launch and restores it afterwards: two threads
@@ -81,14 +87,41 @@ def pointwise_config(xnumel: int) -> Config:
     return Config(cdiv(xnumel, block), (block,), 4 if block >= 256 else 2)
 
 
-def reduction_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
+def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = False) -> Config:
+    """Grid and (XBLOCK, RBLOCK) of a reduction: ``outer`` tiles are [RBLOCK, XBLOCK] with the
+    lanes along the rows; inner ones [XBLOCK, RBLOCK], a whole row (persistent) or RBLOCK of
+    it at a time (looped)."""
+    if outer:
+        return _outer_config(persistent, xnumel, rnumel)
     if persistent:
         rblock = max(2, next_power_of_2(rnumel))
         xblock = max(1, min(next_power_of_2(xnumel), MAX_PERSISTENT_TILE // rblock, 64))
     else:
         rblock = min(LOOPED_RBLOCK, max(2, next_power_of_2(rnumel)))
-        xblock = 1
+        # Rows shorter than a chunk (looped because their length is symbolic) share a program.
+        xblock = max(1, min(next_power_of_2(xnumel), LOOPED_RBLOCK // rblock, 64))
+    xblock = _fill_the_gpu(xnumel, rnumel, xblock, 1)
     return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 2048 else 4)
+
+
+def _outer_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
+    xblock = _fill_the_gpu(xnumel, rnumel, min(OUTER_XBLOCK, max(2, next_power_of_2(xnumel))), OUTER_MIN_XBLOCK)
+    if persistent:
+        rblock = max(2, next_power_of_2(rnumel))
+        xblock = max(2, min(xblock, MAX_PERSISTENT_TILE // rblock))
+    else:
+        rblock = max(2, min(next_power_of_2(rnumel), OUTER_TILE // xblock))
+    return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 2048 else 4)
+
+
+def _fill_the_gpu(xnumel: int, rnumel: int, xblock: int, floor: int) -> int:
+    """Halve XBLOCK, not below ``floor``, while the grid has fewer than MIN_PROGRAMS programs
+    (kernels of fewer than SMALL_KERNEL elements keep their tiles: the launch dominates)."""
+    if xnumel * max(rnumel, 1) < SMALL_KERNEL:
+        return xblock
+    while xblock > floor and cdiv(xnumel, xblock) < MIN_PROGRAMS:
+        xblock //= 2
+    return xblock
 
 
 class Launcher:
@@ -98,14 +131,16 @@ class Launcher:
         fn: the ``triton.jit`` function (or the interpreter's, for CPU tensors).
         kind: "pointwise" or "reduction".
         persistent: a reduction that holds its whole row in one tile.
+        outer: a reduction tiled [RBLOCK, XBLOCK], lanes along the rows (codegen/triton/tiling.py).
     """
 
     def __init__(self, fn: Any, kind: str, persistent: bool = False, direct: bool | None = None,
                  current_device: Callable[[], int] | None = None,
-                 current_stream: Callable[[int], int] | None = None) -> None:
+                 current_stream: Callable[[int], int] | None = None, outer: bool = False) -> None:
         self.fn = fn
         self.kind = kind
         self.persistent = persistent
+        self.outer = outer
         # (device, xnumel, rnumel, specialization of each argument) -> a direct launch: a binary
         # is loaded per device, and Triton launches on the current device's current stream.
         self.binaries: dict[tuple, Callable[..., None]] = {}
@@ -168,7 +203,7 @@ class Launcher:
     def config(self, xnumel: int, rnumel: int) -> Config:
         if self.kind == "pointwise":
             return pointwise_config(xnumel)
-        return reduction_config(self.persistent, xnumel, rnumel)
+        return reduction_config(self.persistent, xnumel, rnumel, self.outer)
 
 
 def _specialization(arg: Any) -> Any:

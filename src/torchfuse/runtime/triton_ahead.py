@@ -208,7 +208,7 @@ def specialize(fn: Any, kernel: Any, launch: PredictedLaunch, target: Target) ->
         _binders[cache_key] = (backend, create_function_from_signature(fn.signature, fn.params, backend))
     backend, binder = _binders[cache_key]
     config = (pointwise_config(launch.xnumel) if kernel.kind == "pointwise"
-              else reduction_config(kernel.persistent, launch.xnumel, launch.rnumel))
+              else reduction_config(kernel.persistent, launch.xnumel, launch.rnumel, kernel.outer))
     numels = (launch.xnumel,) if kernel.kind == "pointwise" else (launch.xnumel, launch.rnumel)
     kwargs: dict[str, Any] = dict(zip(("XBLOCK", "RBLOCK"), config.constexprs), num_warps=config.num_warps)
     # The options JITFunction.run adds before binding (Triton 3.6: debug, instrumentation_mode;

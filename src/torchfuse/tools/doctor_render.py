@@ -39,6 +39,7 @@ def render(result: "DoctorResult", console: Any = None) -> None:
     _limit_hits(result, console)
     _findings(result, out)
     _kernels(result, console, out)
+    _cuda_graphs(result, out)
     if result.error:
         out.heading("The script raised")
         out.line(escape(result.error.rstrip().splitlines()[-1]))
@@ -171,3 +172,32 @@ def _kernels(result: "DoctorResult", console: Any, out: _Printer) -> None:
             out.line(f"  {escape(function)}: {len(graphs)} graph(s) ran as captured, eager kernels each ({counts})")
         out.line("  CPU graphs run as captured when no C++ compiler is found (install g++ or set CXX); "
                  "options={'target': 'triton'} fuses them in Triton's interpreter")
+
+
+# What a user can do about each reason a call ran without its CUDA graph (mode="reduce-overhead").
+CUDA_GRAPH_FIXES = {
+    "warm-up": "expected: each input shape runs once without a graph before it is recorded",
+    "too many input shapes": "pad inputs to a few fixed shapes (each shape is recorded separately)",
+    "outputs of the previous call": "run backward before the next forward, or use mode='default' for this model",
+    "a static input moved": "keep inputs that do not change at one address (update them in place with copy_)",
+    "recording failed": "move the sync (.item(), .tolist(), data-dependent shapes) out of the compiled code",
+    "an input is a": "move every input of the compiled code to the GPU",
+    "the graph does not run on a CUDA device": "CUDA graphs need CUDA tensors",
+    "part of the graph runs on the CPU": "create the small tensors the code makes on the GPU (device=...)",
+}
+
+
+def _cuda_graphs(result: "DoctorResult", out: _Printer) -> None:
+    graphs = [g for g in result.graphs if g.cudagraphs]
+    if not graphs:
+        return
+    out.heading("CUDA graphs (mode='reduce-overhead')")
+    for graph in graphs:
+        counts = graph.cudagraphs
+        out.line(f"  {escape(graph.name)} ({graph.kind}): {counts.get('replayed', 0)} call(s) replayed, "
+                 f"{counts.get('recorded', 0)} recording(s)")
+        for reason, calls in counts.items():
+            if reason in ("replayed", "recorded"):
+                continue
+            fix = next((text for start, text in CUDA_GRAPH_FIXES.items() if start in reason), "")
+            out.line(f"      {calls} x {escape(reason)}" + (f"  [green]fix:[/green] {escape(fix)}" if fix else ""))

@@ -1,7 +1,9 @@
 """Render one ``FusedKernel`` as a Triton kernel.
 
 Pointwise kernels walk a flat ``xindex``; reduction kernels tile ``[XBLOCK, RBLOCK]`` with
-rows on axis 0. A reduction is *persistent* (the whole row in one tile, everything in
+rows on axis 0 when the reduced axis is contiguous (*inner*), or ``[RBLOCK, XBLOCK]`` with
+rows on the lanes' axis when a kept axis is (*outer*: column sums, bias gradients; see
+``tiling.py``). A reduction is *persistent* (the whole row in one tile, everything in
 registers) when the row is short, else *looped* over ``RBLOCK`` chunks. Stores of buffers
 only read inside the kernel are dropped; in-kernel reads of pointwise members are
 recomputed and reads of reductions come from registers.
@@ -18,6 +20,7 @@ from torchfuse.codegen.layout import store_order
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
+from torchfuse.codegen.triton.tiling import reduction_tiling
 from torchfuse.ir.devices import is_kernel_scalar
 from torchfuse.ir.expr import Expr, Load, loads, substitute_index
 from torchfuse.ir.graph import Buffer, Reduction
@@ -27,6 +30,9 @@ from torchfuse.scheduler.kernel import FusedKernel, KernelMember
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
 INT32_LIMIT = 2**31 - 1
+# An outer tile holds RBLOCK x XBLOCK with XBLOCK >= 32 lanes along the rows, so a persistent
+# outer reduction fits 4096 elements only for short reduced axes.
+OUTER_PERSISTENT_LIMIT = 128
 
 
 @dataclass
@@ -48,6 +54,7 @@ class TritonKernel:
     # The ``def``'s name: from a digest of the body, not the graph's kernel name, so identical
     # kernels (every layer of a transformer, forward and backward) have one source and compile once.
     function: str = ""
+    outer: bool = False  # a reduction tiled [RBLOCK, XBLOCK]: lanes walk the rows (tiling.py)
 
 
 def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
@@ -65,27 +72,37 @@ class KernelRenderer:
                  size_hint=lambda e: 0) -> None:
         self.kernel = kernel
         self.buffers = buffers
-        x_vars, x_ranges = self._row_order(kernel, buffers)
+        self.is_reduction = kernel.kind == "reduction"
+        self.outer = False
+        if self.is_reduction:
+            tiling = reduction_tiling(kernel, buffers)
+            x_vars, x_ranges, self.outer = tiling.x_vars, tiling.x_ranges, tiling.outer
+        else:
+            x_vars, x_ranges = self._row_order(kernel, buffers)
+        # Tile text: rows on axis 0 (inner) or on the lanes' axis 1 (outer); reduce the other.
+        self.tile = "[RBLOCK, XBLOCK]" if self.outer else "[XBLOCK, RBLOCK]"
+        self.row_shape = "[1, XBLOCK]" if self.outer else "[XBLOCK, 1]"
+        self.r_axis = 0 if self.outer else 1
         self.flat = flat_var_map(x_ranges, x_vars, XINDEX)
         self.flat.update(flat_var_map(kernel.r_ranges, kernel.r_vars, RINDEX))
         self.members = {m.node.name: m for m in kernel.members}
         self.pointers: dict[str, str] = {}
         self.scalars: dict[str, str] = {}  # buffer -> parameter holding its value
         self.registers: dict[str, str] = {}  # reduction buffer -> variable holding its row value
-        self.is_reduction = kernel.kind == "reduction"
         rnumel_hint = size_hint(product(kernel.r_ranges))
-        self.persistent = self.is_reduction and 0 < rnumel_hint <= persistent_limit
+        limit = min(persistent_limit, OUTER_PERSISTENT_LIMIT) if self.outer else persistent_limit
+        self.persistent = self.is_reduction and 0 < rnumel_hint <= limit
         self.int64 = _needs_int64(kernel, buffers, size_hint)
         self.writer = ExpressionWriter(buffers, self._pointer, self._mask, self._resolve_load,
                                        "[1, 1]" if self.is_reduction else "[1]")
 
     @staticmethod
     def _row_order(kernel: FusedKernel, buffers: dict[str, Buffer]) -> tuple[list, list]:
-        """The order of the rows inside the flat ``xindex``: a pointwise kernel walks its first
+        """The order of the rows inside the flat ``xindex`` of a pointwise kernel: its first
         store with unit stride innermost (``codegen.layout``), so that neighbouring lanes write
-        neighbouring elements; reductions keep the logical order."""
+        neighbouring elements (reductions: ``tiling.py``)."""
         stored = [m for m in kernel.members if m.stored]
-        if kernel.kind != "pointwise" or not stored:
+        if not stored:
             return list(kernel.x_vars), list(kernel.x_ranges)
         node = stored[0].node
         buffer = buffers[node.name]
@@ -138,13 +155,18 @@ class KernelRenderer:
     def _emit_prologue(self, scope: Scope) -> None:
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         if self.is_reduction:
-            scope.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+            scope.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK){self._axis_suffix('x')}")
         else:
             scope.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
         scope.emit("xmask = xindex < xnumel")
         if self.persistent:
-            scope.emit("rindex = tl.arange(0, RBLOCK)[None, :]")
+            scope.emit(f"rindex = tl.arange(0, RBLOCK){self._axis_suffix('r')}")
             scope.emit("rmask = rindex < rnumel")
+
+    def _axis_suffix(self, var: str) -> str:
+        """How a 1-D range of rows (``x``) or reduced elements (``r``) enters the 2-D tile."""
+        on_last_axis = (var == "x") == self.outer
+        return "[None, :]" if on_last_axis else "[:, None]"
 
     def _emit_reduction_members(self, top: Scope) -> None:
         members = self.kernel.members
@@ -196,7 +218,7 @@ class KernelRenderer:
     def _open_r_loop(self, top: Scope) -> Scope:
         top.emit("for roffset in range(0, rnumel, RBLOCK):")
         loop = Scope(top.lines, top.indent + "    ", parent=top)
-        loop.emit("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+        loop.emit(f"rindex = roffset + tl.arange(0, RBLOCK){self._axis_suffix('r')}")
         loop.emit("rmask = rindex < rnumel")
         return loop
 
@@ -205,15 +227,15 @@ class KernelRenderer:
         value = self.writer.tensor(self.flat_body(member), scope)
         acc_dtype = red.accumulator_dtype(node.reduce_op, node.dtype, node.body.dtype)
         tile = self.writer.new_var("tile")
-        scope.emit(f"{tile} = tl.where(xmask & rmask, tl.broadcast_to({value}, [XBLOCK, RBLOCK]).to({tl_dtype(acc_dtype)}), "
+        scope.emit(f"{tile} = tl.where(xmask & rmask, tl.broadcast_to({value}, {self.tile}).to({tl_dtype(acc_dtype)}), "
                    f"{red.identity(node.reduce_op, acc_dtype)})")
         result = self.writer.new_var("red")
         if node.reduce_op in ("argmax", "argmin"):
-            index = f"tl.broadcast_to(rindex, [XBLOCK, RBLOCK])"
-            scope.emit(f"_, {result} = tl.reduce(({tile}, {index}), 1, _{node.reduce_op}_combine)")
-            scope.emit(f"{result} = {result}[:, None].to(tl.int64)")
+            index = f"tl.broadcast_to(rindex, {self.tile})"
+            scope.emit(f"_, {result} = tl.reduce(({tile}, {index}), {self.r_axis}, _{node.reduce_op}_combine)")
+            scope.emit(f"{result} = {result}{self._axis_suffix('x')}.to(tl.int64)")
         else:
-            scope.emit(f"{result} = {red.final_reduce(node.reduce_op, tile, acc_dtype)}")
+            scope.emit(f"{result} = {red.final_reduce(node.reduce_op, tile, acc_dtype, self.r_axis)}")
             self._finish_bool(node, result, scope)
         self.registers[node.name] = result
         if member.stored:
@@ -225,28 +247,28 @@ class KernelRenderer:
             node: Reduction = member.node
             acc_dtype = red.accumulator_dtype(node.reduce_op, node.dtype, node.body.dtype)
             acc = self.writer.new_var("acc")
-            top.emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {red.identity(node.reduce_op, acc_dtype)}, {tl_dtype(acc_dtype)})")
+            top.emit(f"{acc} = tl.full({self.tile}, {red.identity(node.reduce_op, acc_dtype)}, {tl_dtype(acc_dtype)})")
             if node.reduce_op in ("argmax", "argmin"):
-                top.emit(f"{acc}_index = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
+                top.emit(f"{acc}_index = tl.full({self.tile}, 0, tl.int64)")
             accs.append((member, acc, acc_dtype))
         loop = self._open_r_loop(top)
         for member, acc, acc_dtype in accs:
             node = member.node
             value = self.writer.tensor(self.flat_body(member), loop)
-            masked = f"tl.where(xmask & rmask, tl.broadcast_to({value}, [XBLOCK, RBLOCK]).to({tl_dtype(acc_dtype)}), {red.identity(node.reduce_op, acc_dtype)})"
+            masked = f"tl.where(xmask & rmask, tl.broadcast_to({value}, {self.tile}).to({tl_dtype(acc_dtype)}), {red.identity(node.reduce_op, acc_dtype)})"
             if node.reduce_op in ("argmax", "argmin"):
                 loop.emit(f"{acc}, {acc}_index = _{node.reduce_op}_combine({acc}, {acc}_index, {masked}, "
-                          f"tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64))")
+                          f"tl.broadcast_to(rindex, {self.tile}).to(tl.int64))")
             else:
                 loop.emit(f"{acc} = {red.combine(node.reduce_op, acc, masked, acc_dtype)}")
         for member, acc, acc_dtype in accs:
             node = member.node
             result = self.writer.new_var("red")
             if node.reduce_op in ("argmax", "argmin"):
-                top.emit(f"_, {result} = tl.reduce(({acc}, {acc}_index), 1, _{node.reduce_op}_combine)")
-                top.emit(f"{result} = {result}[:, None]")
+                top.emit(f"_, {result} = tl.reduce(({acc}, {acc}_index), {self.r_axis}, _{node.reduce_op}_combine)")
+                top.emit(f"{result} = {result}{self._axis_suffix('x')}")
             else:
-                top.emit(f"{result} = {red.final_reduce(node.reduce_op, acc, acc_dtype)}")
+                top.emit(f"{result} = {red.final_reduce(node.reduce_op, acc, acc_dtype, self.r_axis)}")
                 self._finish_bool(node, result, top)
             self.registers[node.name] = result
             if member.stored:
@@ -264,7 +286,7 @@ class KernelRenderer:
         index = tuple(member.var_map.get(v, v) for v in node.vars)
         offset = simplify_index((buffer.flat_offset(index) - buffer.offset).xreplace(self.flat))
         target = tl_dtype(node.dtype) if node.dtype != torch.bool else "tl.int1"
-        shape = "[XBLOCK, RBLOCK]" if mask == "xmask & rmask" else ("[XBLOCK, 1]" if self.is_reduction else "[XBLOCK]")
+        shape = self.tile if mask == "xmask & rmask" else (self.row_shape if self.is_reduction else "[XBLOCK]")
         text = f"tl.broadcast_to({value}, {shape}).to({target})"
         # The pointer block must have the mask's shape even where the address is constant.
         used = {s.name for s in offset.free_symbols}
@@ -289,7 +311,8 @@ class KernelRenderer:
         source = f"@jit\ndef {function}({', '.join(params + constexprs)}):\n" + body
         return TritonKernel(self.kernel.name, source, pointer_args, sizes, product(self.kernel.x_ranges),
                             product(self.kernel.r_ranges), self.kernel.kind, self.persistent, self.kernel.origins,
-                            scalar_args, self.kernel.device.type, function)
+                            scalar_args, self.kernel.device.type, function,
+                            self.outer)
 
 
 def canonical_function_name(kind: str, signature_and_body: str) -> str:

@@ -93,8 +93,9 @@ def combine(reduce_op: str, acc: str, value: str, dtype: torch.dtype) -> str:
     raise ValueError(reduce_op)
 
 
-def final_reduce(reduce_op: str, tile: str, dtype: torch.dtype) -> str:
-    """Reduce a [XBLOCK, RBLOCK] tile over axis 1, keeping a [XBLOCK, 1] result."""
+def final_reduce(reduce_op: str, tile: str, dtype: torch.dtype, axis: int = 1) -> str:
+    """Reduce a tile over its reduced ``axis`` (1 in [XBLOCK, RBLOCK], 0 in an outer
+    [RBLOCK, XBLOCK]), keeping that axis as size 1."""
     # Only tl.reduce with our own combine functions: Triton's library reductions are
     # themselves jit functions, which its interpreter cannot call (see docs/decisions.md).
     fn = {"sum": "_add", "prod": "_prod"}.get(reduce_op)
@@ -104,7 +105,8 @@ def final_reduce(reduce_op: str, tile: str, dtype: torch.dtype) -> str:
         fn = "_min_nan" if dtype.is_floating_point else "_min"
     if fn is None:
         raise ValueError(reduce_op)
-    return f"tl.reduce({tile}, 1, {fn})[:, None]"
+    keep = "[:, None]" if axis == 1 else "[None, :]"
+    return f"tl.reduce({tile}, {axis}, {fn}){keep}"
 
 
 def dtype_text(dtype: torch.dtype) -> str:

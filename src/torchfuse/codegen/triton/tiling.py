@@ -1,0 +1,113 @@
+"""Which way a reduction's tile walks memory: along the reduced axis (inner) or the kept one (outer).
+
+A reduction tile is ``[XBLOCK, RBLOCK]``: XBLOCK rows (outputs), RBLOCK reduced elements of
+each. Triton's default layout gives neighbouring lanes of a warp neighbouring elements of the
+tile's last axis. When the reduced axis is contiguous in memory (a row sum, layer norm) that
+is RBLOCK, and the tile is right as it is: *inner*. When it is not (a column sum, a bias
+gradient ``grad.sum(0)``, channels-last batch-norm statistics over N*H*W) the contiguous axis
+is a kept one: lanes walking r would each read an element ``C`` apart, one 32-byte sector per
+lane. Those kernels are *outer*: the tile is ``[RBLOCK, XBLOCK]`` with the rows along the
+last axis, the rows are ordered so the unit-stride one is innermost in ``xindex``, and the
+reduction runs over axis 0. Both read the same elements; only which lanes read them changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import sympy
+
+from torchfuse.ir.expr import Expr, Load, loads
+from torchfuse.ir.graph import Buffer
+from torchfuse.ir.symbols import linear_coefficients, simplify_index
+from torchfuse.scheduler.kernel import FusedKernel
+
+# Grids aim at two programs per SM of an H100/H200 (132 SMs): a kernel with fewer programs than
+# SMs leaves the GPU idle (runtime/launch.py shrinks blocks, split.py splits reductions).
+MIN_PROGRAMS = 2 * 132
+# Outer tiles keep at least 32 rows on the lanes (64 bytes of bf16: two 32-byte sectors).
+OUTER_MIN_XBLOCK = 32
+
+
+@dataclass(frozen=True)
+class Access:
+    """One direct (not gathered) memory access of a body: its offset in loop variables and how
+    many elements its buffer has (the weight of its vote)."""
+
+    offset: sympy.Expr
+    weight: int
+
+
+@dataclass(frozen=True)
+class ReductionTiling:
+    x_vars: list  # the rows, in the order they enter xindex (last = innermost)
+    x_ranges: list
+    outer: bool  # lanes walk the rows: tile [RBLOCK, XBLOCK], reduced over axis 0
+
+
+def accesses(bodies: Iterable[Expr], buffers: dict[str, Buffer], r_vars: Sequence[sympy.Symbol]) -> list[Access]:
+    """Direct loads in ``bodies`` whose index moves with a reduced variable: the large reads."""
+    found = []
+    for body in bodies:
+        for load in loads(body):
+            buffer = buffers.get(load.buffer)
+            if buffer is None or load.is_indirect:
+                continue
+            offset = simplify_index(buffer.flat_offset(load.index) - buffer.offset)
+            if offset.free_symbols & set(r_vars):
+                found.append(Access(offset, _weight(buffer)))
+    return found
+
+
+def _weight(buffer: Buffer) -> int:
+    try:
+        return int(buffer.numel)
+    except TypeError:  # symbolic: count it as large
+        return 1 << 40
+
+
+def is_outer(found: list[Access], x_vars: Sequence[sympy.Symbol], r_inner: sympy.Symbol | None) -> bool:
+    """True when most of the large reads (by size) step by 1 along a row variable and not along
+    the innermost reduced variable ``r_inner``."""
+    inner = outer = 0
+    for access in found:
+        coeffs = linear_coefficients(access.offset, [*x_vars, r_inner] if r_inner is not None else list(x_vars))
+        if coeffs is None:  # div/mod of a merged view: no clear stride, no vote
+            continue
+        *x_coeffs, r_coeff = coeffs[0] if r_inner is not None else (*coeffs[0], None)
+        if r_coeff is not None and r_coeff == 1:
+            inner += access.weight
+        elif any(c == 1 for c in x_coeffs):
+            outer += access.weight
+    return outer > inner
+
+
+def unit_row_last(found: list[Access], x_vars: list, x_ranges: list) -> tuple[list, list]:
+    """The rows ordered for the heaviest read with a unit-stride row: that row innermost in
+    xindex, the others by stride, largest first; unchanged when the strides are not numeric."""
+    candidates = []
+    for access in found:
+        coeffs = linear_coefficients(access.offset, x_vars)
+        if coeffs is not None and any(c == 1 for c in coeffs[0]):
+            candidates.append((access.weight, coeffs[0]))
+    if not candidates or len(x_vars) < 2:
+        return x_vars, x_ranges
+    _, coeffs = max(candidates, key=lambda c: c[0])
+    if not all(sympy.sympify(c).is_number for c in coeffs):
+        return x_vars, x_ranges
+    # Unit stride last; a row this read does not move with (stride 0) goes outside it.
+    order = sorted(range(len(x_vars)), key=lambda i: (coeffs[i] == 1, -int(coeffs[i])))
+    return [x_vars[i] for i in order], [x_ranges[i] for i in order]
+
+
+def reduction_tiling(kernel: FusedKernel, buffers: dict[str, Buffer]) -> ReductionTiling:
+    """The tile orientation and row order of a reduction kernel, from the reads of its
+    reduction and full-size members (producers inlined)."""
+    x_vars, x_ranges = list(kernel.x_vars), list(kernel.x_ranges)
+    r_vars = list(kernel.r_vars)
+    bodies = [m.body for m in kernel.members if m.role in ("reduction", "full")]
+    found = accesses(bodies, buffers, r_vars)
+    if not r_vars or not is_outer(found, x_vars, r_vars[-1]):
+        return ReductionTiling(x_vars, x_ranges, False)
+    x_vars, x_ranges = unit_row_last(found, x_vars, x_ranges)
+    return ReductionTiling(x_vars, x_ranges, True)

@@ -1,0 +1,290 @@
+"""CUDA graphs for ``mode="reduce-overhead"``: record a compiled graph's launches once per input
+layout, then replay them with one call instead of one host-side launch per kernel.
+
+A replay reads and writes fixed addresses, so the runner keeps these promises:
+
+- **Inputs.** An input already at a stable address (a parameter, a buffer, a tensor saved by a
+  recorded forward graph) is read where it is: at record time it is static when the warm-up call
+  saw it at the same address or when it lives in memory a recording of ours returned. Every
+  other input is copied into a buffer the runner owns before each replay. A static input that
+  has moved runs that call on the default path; one that keeps moving is recorded again as a
+  copied input.
+- **Mutated inputs** (an in-place optimizer step, BatchNorm's running statistics): static ones are
+  written in place by the replay; copied ones are copied back after it.
+- **Outputs** live in the recording's memory and the next replay overwrites them. Outputs a user
+  sees (and every output of a backward graph: gradients end up in ``.grad``) are cloned.
+  Outputs a forward graph saves for its backward are handed out as aliases, and a replay that
+  would overwrite ones still alive (a second forward before the first's backward) runs on the
+  default path instead: never silently stale data.
+- **RNG.** ATen's CUDA random ops (dropout) read their seed and offset from the generator, which
+  the graph registers, so every replay draws new numbers, the same as the default path would.
+
+Each recording has its own memory pool: a replay then writes only memory of its own recording,
+which a shared pool would not guarantee when graphs run in a different order than recorded.
+Where graphs cannot be used, the call runs the default path and the reason is counted in
+``stats`` (the report's ``cudagraphs``).
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+MAX_LAYOUTS = 8  # recorded input layouts (shapes) per graph; others run the default path
+MAX_RECORDINGS = 3  # recordings of one layout (static inputs that moved); then give up on it
+MOVES_BEFORE_RERECORD = 2  # calls with a moved static input before that input becomes copied
+
+Boxed = Callable[[list], Any]  # a compiled graph: takes its argument list (and clears it)
+
+
+class Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
+class Recorder(Protocol):
+    """Records the launches of ``run(inputs)`` into something replayable; returns it and the
+    outputs. Must not keep ``inputs``: a reference would keep a forward's saved tensors alive."""
+
+    def record(self, run: Boxed, inputs: list) -> tuple[Replayable, Sequence[Any]]: ...
+
+
+class TorchCudaGraphs:
+    """Records with ``torch.cuda.CUDAGraph``, each recording in its own private memory pool.
+    ``torch.cuda.graph`` records on a side stream and registers the default generator, so
+    random ops advance the generator on every replay."""
+
+    def record(self, run: Boxed, inputs: list) -> tuple[Replayable, Sequence[Any]]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = list(run(list(inputs)))
+        return graph, outputs
+
+
+@dataclass
+class GraphIO:
+    """What the runner must know of the compiled graph's inputs and outputs.
+
+    Args:
+        mutated_inputs: positions of inputs the graph writes in place.
+        saved_outputs_from: for a forward graph, the position of its first output saved for the
+            backward (None: unknown, or not a forward graph; every output is then cloned).
+        clone_all_outputs: a backward graph: its outputs are gradients, kept by the user.
+    """
+
+    mutated_inputs: frozenset[int] = frozenset()
+    saved_outputs_from: int | None = None
+    clone_all_outputs: bool = False
+
+
+@dataclass
+class _Recording:
+    replayable: Replayable
+    static_ptrs: dict[int, int]  # input position -> address read by the recording
+    copied: dict[int, torch.Tensor]  # input position -> the runner's buffer
+    outputs: list[Any]  # the recording's outputs (static tensors and constants)
+    handed_out: list[int]  # positions of outputs returned as aliases (not cloned)
+    storage_refs: dict[int, int]  # alias storages -> use count with no alias alive
+    moves: collections.Counter = field(default_factory=collections.Counter)  # static inputs that moved
+
+
+@dataclass
+class _Layout:
+    """The state of one input layout: its warm-up addresses, then its recording."""
+
+    warmup_ptrs: dict[int, int] | None = None
+    recording: _Recording | None = None
+    recordings_made: int = 0
+    always_copy: set[int] = field(default_factory=set)
+    refused: str | None = None
+
+
+class CudaGraphRunner:
+    """Runs a compiled graph through CUDA graphs where it can, and its default path elsewhere.
+
+    Args:
+        run_default: the compiled graph (boxed: takes its argument list and clears it).
+        io: which inputs it mutates and which outputs it saves for a backward graph.
+        stats: counts ("recorded", "replayed", "default path: <reason>"); the report shows them.
+        recorder: records and replays (``TorchCudaGraphs`` on a GPU; tests pass their own).
+        shape_generic: the graph takes symbolic sizes: record one layout per distinct shape.
+        pool_storages: addresses of storages returned by recordings (shared by the runners of a
+            process, so a backward graph reads its forward's saved tensors where they are).
+        device_type: the device whose tensors can be recorded ("cuda"; tests record CPU tensors
+            with a stand-in recorder).
+    """
+
+    def __init__(self, run_default: Boxed, io: GraphIO, stats: collections.Counter,
+                 recorder: Recorder | None = None, shape_generic: bool = False,
+                 pool_storages: set[int] | None = None, device_type: str = "cuda") -> None:
+        self.run_default = run_default
+        self.io = io
+        self.stats = stats
+        self.recorder = recorder or TorchCudaGraphs()
+        self.shape_generic = shape_generic
+        self.pool_storages = RECORDED_STORAGES if pool_storages is None else pool_storages
+        self.device_type = device_type
+        self.layouts: dict[tuple, _Layout] = {}
+
+    def __call__(self, args: list) -> Any:
+        layout = self._layout(args)
+        if layout is None or layout.refused:
+            return self._default(args, "too many input shapes" if layout is None else layout.refused)
+        if layout.recording is None:
+            if layout.warmup_ptrs is None:  # first call of this layout: run it, note addresses
+                layout.warmup_ptrs = _addresses(args)
+                return self._default(args, "warm-up (first call of an input shape)")
+            return self._record_and_run(layout, args)
+        return self._replay(layout, args)
+
+    # -- one call ---------------------------------------------------------------------------
+    def _layout(self, args: list) -> _Layout | None:
+        key = _layout_key(args) if self.shape_generic else ()
+        layout = self.layouts.get(key)
+        if layout is None:
+            if len(self.layouts) >= MAX_LAYOUTS:
+                return None
+            layout = self.layouts[key] = _Layout()
+        return layout
+
+    def _default(self, args: list, reason: str) -> Any:
+        self.stats[f"default path: {reason}"] += 1
+        return self.run_default(args)
+
+    def _replay(self, layout: _Layout, args: list) -> Any:
+        recording = layout.recording
+        moved = [i for i, ptr in recording.static_ptrs.items() if args[i].data_ptr() != ptr]
+        if moved:
+            recording.moves.update(moved)
+            if any(recording.moves[i] >= MOVES_BEFORE_RERECORD for i in moved):
+                layout.always_copy.update(i for i in moved if recording.moves[i] >= MOVES_BEFORE_RERECORD)
+                layout.recording = None
+                if layout.recordings_made >= MAX_RECORDINGS:
+                    layout.refused = "inputs kept moving between calls"
+                return self._default(args, "a static input moved (recording again with it copied)")
+            return self._default(args, "a static input moved")
+        if _aliases_alive(recording):
+            return self._default(args, "outputs of the previous call are still in use "
+                                       "(a second forward before the backward of the first)")
+        recording.moves.clear()  # only moves in consecutive calls lead to a new recording
+        for i, buffer in recording.copied.items():
+            buffer.copy_(args[i])
+        recording.replayable.replay()
+        self.stats["replayed"] += 1
+        return self._finish(recording, args)
+
+    def _finish(self, recording: _Recording, args: list) -> list:
+        """Copy mutated inputs back, then hand out the outputs (cloned or aliased)."""
+        for i in self.io.mutated_inputs:
+            if i in recording.copied:
+                args[i].copy_(recording.copied[i])
+        args.clear()
+        handed = set(recording.handed_out)
+        return [_alias(out) if position in handed else _clone(out)
+                for position, out in enumerate(recording.outputs)]
+
+    # -- recording --------------------------------------------------------------------------
+    def _record_and_run(self, layout: _Layout, args: list) -> Any:
+        layout.refused = self._unrecordable(args)
+        if layout.refused:
+            return self._default(args, layout.refused)
+        static_ptrs, copied, inputs = self._static_and_copied(layout, args)
+        try:
+            replayable, outputs = self.recorder.record(self.run_default, inputs)
+        except Exception as error:  # noqa: BLE001 - e.g. a sync (.item(), nonzero) inside the graph
+            layout.refused = f"recording failed ({type(error).__name__}: {str(error).splitlines()[0][:160]})"
+            return self._default(args, layout.refused)
+        del inputs
+        layout.recordings_made += 1
+        self.stats["recorded"] += 1
+        handed_out = self._aliased_outputs(outputs, copied)
+        recording = _Recording(replayable, static_ptrs, copied, list(outputs), handed_out, {})
+        recording.storage_refs = {_storage_key(outputs[i]): _use_count(outputs[i]) for i in handed_out}
+        self.pool_storages.update(_storage_key(o) for o in outputs if isinstance(o, torch.Tensor))
+        layout.recording = recording
+        for i, buffer in copied.items():  # this call's values (the recording did not run them)
+            buffer.copy_(args[i])
+        replayable.replay()
+        self.stats["replayed"] += 1
+        return self._finish(recording, args)
+
+    def _unrecordable(self, args: list) -> str | None:
+        """Why these inputs cannot be recorded, or None."""
+        for value in args:
+            if isinstance(value, torch.Tensor):
+                if value.device.type != self.device_type:
+                    return f"an input is a {value.device.type} tensor (a replay would not see its new values)"
+                if torch._debug_has_internal_overlap(value) == 1:
+                    return "an input overlaps itself in memory (an expanded tensor): it cannot be copied in"
+            elif not isinstance(value, (int, float, bool, type(None), torch.SymInt)):
+                return f"an input is a {type(value).__name__}"
+        return None
+
+    def _static_and_copied(self, layout: _Layout, args: list) -> tuple[dict, dict, list]:
+        static_ptrs: dict[int, int] = {}
+        copied: dict[int, torch.Tensor] = {}
+        inputs = list(args)
+        for i, value in enumerate(args):
+            if not isinstance(value, torch.Tensor):
+                continue
+            stable = layout.warmup_ptrs.get(i) == value.data_ptr() or _storage_key(value) in self.pool_storages
+            if stable and i not in layout.always_copy:
+                static_ptrs[i] = value.data_ptr()
+            else:
+                copied[i] = inputs[i] = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
+                                                            device=value.device).copy_(value)
+        return static_ptrs, copied, inputs
+
+    def _aliased_outputs(self, outputs: Sequence[Any], copied: dict[int, torch.Tensor]) -> list[int]:
+        """Positions of outputs handed out as aliases: tensors a forward graph saves for its
+        backward, unless they share memory with a buffer of ours that the next copy-in
+        overwrites."""
+        start = self.io.saved_outputs_from
+        if self.io.clone_all_outputs or start is None:
+            return []
+        ours = {_storage_key(b) for b in copied.values()}
+        return [i for i in range(start, len(outputs))
+                if isinstance(outputs[i], torch.Tensor) and _storage_key(outputs[i]) not in ours]
+
+
+# Storages that recordings returned, across the runners of this process: a backward graph reads
+# its forward's saved tensors in place.
+RECORDED_STORAGES: set[int] = set()
+
+
+def _layout_key(args: list) -> tuple:
+    return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _addresses(args: list) -> dict[int, int]:
+    return {i: a.data_ptr() for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _use_count(tensor: torch.Tensor) -> int:
+    """References to the tensor's storage (measured the same way each time: the temporary
+    storage object adds one)."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+def _aliases_alive(recording: _Recording) -> bool:
+    """Is an alias handed out by the previous replay (or a view of it) still alive?"""
+    for position in recording.handed_out:
+        out = recording.outputs[position]
+        if _use_count(out) > recording.storage_refs[_storage_key(out)]:
+            return True
+    return False
+
+
+def _alias(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def _clone(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device).copy_(value)

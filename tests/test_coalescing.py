@@ -1,0 +1,194 @@
+"""Generated Triton kernels read and write memory the way a GPU wants it, checked on the CPU.
+
+For each layout case the graph goes through the pipeline's own stages for the Triton target
+(lowering, split reductions, scheduling, rendering), at the sizes of real models. Nothing
+runs: the test evaluates each kernel's index math with numpy, for the block sizes the launcher
+would pick. Neighbouring lanes of a warp hold neighbouring elements of a tile's last axis, so
+
+- every load and store of a large buffer must step by 1 along that axis (coalesced); the step
+  may jump where one contiguous run of the buffer ends and the next starts, at most once in
+  32 lanes;
+- a kernel reading a large input must launch at least as many programs as an H200 has SMs
+  (a reduction with few outputs is split, or tiles more finely).
+
+A gathered load (its offset needs a value loaded first) is left out: no layout makes it
+contiguous.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchfuse import pipeline
+from torchfuse.diagnostics.model import GraphReport
+from torchfuse.frontend.decompositions import decomposition_table
+from torchfuse.options import Options
+from torchfuse.runtime.launch import Launcher
+
+H200_SMS = 132
+
+
+def column_sum(x):
+    return x.sum(0)
+
+
+def full_sum(x):
+    """A loss: the mean of 8.4 M bf16 values, accumulated in float32."""
+    return x.float().pow(2).mean()
+
+
+def bias_grad(grad):
+    """The bias gradient of a linear layer over [B, S] tokens: a sum over the leading dims."""
+    return grad.sum((0, 1))
+
+
+def bn_stats_channels_last(x):
+    """Training batch norm's statistics over N*H*W of channels-last activations."""
+    var, mean = torch.var_mean(x, (0, 2, 3), correction=0)
+    return var, mean
+
+
+def bn_add_relu(x, scale, shift, residual):
+    return torch.relu(x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1) + residual)
+
+
+def _channels_last(*shape):
+    return torch.randn(*shape).to(memory_format=torch.channels_last)
+
+
+CASES = {
+    "column_sum": (column_sum, lambda: (torch.randn(8192, 768),)),
+    "full_sum": (full_sum, lambda: (torch.randn(4096, 2048, dtype=torch.bfloat16),)),
+    "bias_grad": (bias_grad, lambda: (torch.randn(8, 512, 2048, dtype=torch.bfloat16),)),
+    "bn_stats_channels_last": (bn_stats_channels_last, lambda: (_channels_last(32, 64, 28, 28),)),
+    "bn_add_relu_channels_last": (bn_add_relu, lambda: (_channels_last(32, 64, 28, 28), torch.randn(64),
+                                                        torch.randn(64), _channels_last(32, 64, 28, 28))),
+}
+
+
+def _rendered(fn, args):
+    """(kernel, rendered kernel) for each kernel of ``fn`` on the Triton target, through the
+    pipeline's stages, without running anything."""
+    gm = make_fx(fn, decomposition_table=decomposition_table())(*args)  # as aot_autograd decomposes
+    state = pipeline.CompileState(gm, list(args), Options(target="triton"), "triton", GraphReport("g", "inference", "triton"))
+    pipeline.stage_lower(state)
+    pipeline.stage_schedule(state)
+    hint = lambda e: int(e)  # noqa: E731  (static sizes)
+    kernels = [(k, pipeline.render_triton_kernel(k, state.graph.buffers, hint)) for k in state.plan.kernels]
+    return state.graph, kernels
+
+
+class _FakeTl:
+    """The part of ``triton.language`` a kernel's index lines use, on numpy arrays."""
+
+    int64 = np.int64
+    int32 = np.int32
+
+    @staticmethod
+    def arange(start, end):
+        return np.arange(start, end, dtype=np.int64)
+
+    @staticmethod
+    def program_id(axis):
+        return _Pid(_FakeTl.pid)
+
+    minimum = staticmethod(np.minimum)
+    maximum = staticmethod(np.maximum)
+    pid = 0
+
+
+class _Pid(int):
+    def to(self, dtype):
+        return self
+
+
+def _index_lines(source: str) -> dict[str, str]:
+    """The right-hand sides of the lines defining xindex and rindex (the last one of each)."""
+    found = {}
+    for line in source.splitlines():
+        match = re.match(r"\s*(xindex|rindex) = (.*)$", line)
+        if match:
+            found[match.group(1)] = match.group(2)
+    return found
+
+
+def _offsets(source: str) -> list[tuple[str, str, str]]:
+    """(load or store, pointer, offset text) for every ``tl.load/tl.store(ptrN + (...)``."""
+    found = []
+    for match in re.finditer(r"tl\.(load|store)\((ptr\d+) \+ \(", source):
+        depth, start = 1, match.end()
+        end = start
+        while depth:
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            end += 1
+        found.append((match.group(1), match.group(2), source[start:end - 1]))
+    return found
+
+
+def _check_kernel(kernel, rendered, buffers) -> list[str]:
+    """Problems of one kernel: large accesses that do not step by 1 along the tile's last axis."""
+    xnumel, rnumel = int(rendered.xnumel), int(rendered.rnumel)
+    launcher = Launcher(None, rendered.kind, rendered.persistent, direct=False, outer=rendered.outer)
+    config = launcher.config(xnumel, rnumel)
+    blocks = dict(zip(("XBLOCK", "RBLOCK"), config.constexprs))
+    lines = _index_lines(rendered.source)
+    pointers = {f"ptr{i}": name for i, name in enumerate(rendered.pointer_args)}
+    large = xnumel * max(rnumel, 1) // 4
+    problems = []
+    for pid in sorted({0, config.grid // 2, config.grid - 1}):
+        for roffset in sorted({0, (rnumel // 2) // blocks.get("RBLOCK", 1) * blocks.get("RBLOCK", 1)}):
+            _FakeTl.pid = pid
+            scope = {"tl": _FakeTl, "roffset": roffset, **blocks}
+            xindex = eval(lines["xindex"], scope)
+            rindex = eval(lines["rindex"], scope) if "rindex" in lines else np.zeros((1,) * xindex.ndim, np.int64)
+            mask = (xindex < xnumel) & (rindex < max(rnumel, 1))
+            for kind, pointer, text in _offsets(rendered.source):
+                buffer = buffers[pointers[pointer]]
+                if int(buffer.numel) < large:
+                    continue
+                try:
+                    offset = np.broadcast_to(eval(text, {**scope, "xindex": xindex, "rindex": rindex}), mask.shape)
+                except NameError:  # gathered: needs a loaded value
+                    continue
+                both = mask[..., 1:] & mask[..., :-1]
+                steps = (offset[..., 1:] - offset[..., :-1])[both]
+                if steps.size and np.mean(steps != 1) > 1 / 32:
+                    problems.append(f"{kernel.name} {kind} of {buffer.name}: steps {np.unique(steps)[:6]} along the "
+                                    f"lanes' axis of a {list(mask.shape)} tile (pid {pid}, roffset {roffset})")
+    return problems
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_large_accesses_are_unit_stride_along_the_lanes(case):
+    fn, make = CASES[case]
+    graph, kernels = _rendered(fn, make())
+    problems = [p for kernel, rendered in kernels for p in _check_kernel(kernel, rendered, graph.buffers)]
+    assert not problems, "\n".join(problems + [r.source for _, r in kernels])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernels_reading_a_large_input_fill_the_gpu(case):
+    fn, make = CASES[case]
+    args = make()
+    graph, kernels = _rendered(fn, args)
+    inputs = {b.name for b in graph.inputs if int(b.numel) >= 1 << 20}
+    readers = [(k, r) for k, r in kernels if inputs & set(r.pointer_args)]
+    assert readers
+    for kernel, rendered in readers:
+        launcher = Launcher(None, rendered.kind, rendered.persistent, direct=False, outer=rendered.outer)
+        grid = launcher.config(int(rendered.xnumel), int(rendered.rnumel)).grid
+        assert grid >= H200_SMS, f"{kernel.name}: {grid} programs\n{rendered.source}"
+
+
+def test_a_scalar_reduction_runs_in_two_stages():
+    """The full sum's first stage writes one partial per chunk; the second reduces those."""
+    graph, kernels = _rendered(full_sum, CASES["full_sum"][1]())
+    reductions = [r for _, r in kernels if r.kind == "reduction"]
+    assert len(reductions) == 2
+    first, second = reductions
+    assert int(first.xnumel) >= H200_SMS and int(second.xnumel) == 1
+    assert int(first.xnumel) * int(first.rnumel) >= 4096 * 2048
