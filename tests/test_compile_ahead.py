@@ -255,8 +255,11 @@ def test_a_graphs_real_kernels_compile_ahead_for_the_gpu(monkeypatch):
         y = torch.nn.functional.layer_norm(x, (x.shape[-1],), w) * 2
         return torch.sigmoid(y), long_rows.sum(-1)
 
+    # On a GPU machine the graph runs on the GPU: Triton 3.6's interpreter fails on looped
+    # reductions with NumPy 2 there (`range(0, rnumel, RBLOCK)` on a 1-element array).
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     compiled = torchfuse.compile(fn, options={"target": "triton", "strict": True})
-    compiled(torch.randn(64, 256), torch.randn(256), torch.randn(4, 10000))
+    compiled(*(torch.randn(shape, device=device) for shape in [(64, 256), (256,), (4, 10000)]))
     state = captured[-1]
     kernels = {name: dataclasses.replace(k, device="cuda") for name, k in state.kernels.items()}
     fns = {name: kernel_cache.load_kernel(k.source, k.function, interpret=False) for name, k in kernels.items()}
@@ -271,7 +274,8 @@ def test_a_graphs_real_kernels_compile_ahead_for_the_gpu(monkeypatch):
             assert reply["ok"], reply
         binary = _load(loader)
         config = (launch.pointwise_config(launch_.xnumel) if kernels[name].kind == "pointwise"
-                  else launch.reduction_config(kernels[name].persistent, launch_.xnumel, launch_.rnumel))
+                  else launch.reduction_config(kernels[name].persistent, launch_.xnumel, launch_.rnumel,
+                                               kernels[name].outer))
         assert binary.metadata.num_warps == config.num_warps and binary.kernel[:4] == b"\x7fELF"
 
 
