@@ -5,6 +5,9 @@
 #   bash scripts/gpu_check.sh micro          # torchfuse bench --suite micro        (~200 s)
 #   bash scripts/gpu_check.sh models [CASES] # the models suite, or the named cases (~100 s a case)
 #   bash scripts/gpu_check.sh quick          # tests, then micro: one call
+#   bash scripts/gpu_check.sh compile CASES  # cold and warm compile, Inductor and torchfuse, of the
+#                                            # named model cases (issue 18), plus the compile-ahead
+#                                            # tests and the serial/pool/warm measurement on the GPU
 # The OpInfo tests need `expecttest`, absent there: carry its wheel in .whl/ (gpu_env.sh installs it).
 # Each step has its own time limit so that a slow one cannot cost the others their results.
 set -uo pipefail
@@ -26,11 +29,22 @@ run_bench() {  # suite, time limit, extra arguments
     echo "$1 exit $?" >> "$out/$1.log"
 }
 
+run_compile() {  # cases: cold (this process) and warm (a child per backend), with the split
+    timeout 60 python3 -m pytest tests/test_compile_ahead.py tests/test_binary_cache.py tests/test_launch.py \
+        -q -p no:cacheprovider -p no:logging -W ignore --tb=short > "$out/compile_tests.log" 2>&1
+    echo "compile tests exit $?" >> "$out/compile_tests.log"
+    timeout 60 python3 scripts/measure_compile_ahead.py --kernels 64 > "$out/compile_measure.log" 2>&1
+    timeout 460 python3 -m torchfuse bench --suite models --device cuda --backends eager,inductor,torchfuse \
+        --repeats 3 --out "$out/compile" ${1:+--cases "$1"} > "$out/compile.log" 2>&1
+    echo "compile exit $?" >> "$out/compile.log"
+}
+
 case "$what" in
     tests) run_tests ;;
+    compile) run_compile "$cases" ;;
     micro) run_bench micro 540 ;;
     models) run_bench models 560 ${cases:+--cases "$cases"} ;;
     quick) run_tests; run_bench micro 300 ;;
-    *) echo "usage: bash scripts/gpu_check.sh [tests|micro|models [CASES]|quick]" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_check.sh [tests|micro|models [CASES]|compile CASES|quick]" >&2; exit 2 ;;
 esac
 tail -n 4 "$out"/*.log

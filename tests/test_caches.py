@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import torchfuse
 from torchfuse.runtime import cpp_build, kernel_cache
 
 SOURCE = 'extern "C" int torchfuse_cache_probe_{n}(void) {{ return {n}; }}\n'
@@ -98,3 +99,31 @@ def test_compiling_from_several_threads_is_safe():
     assert not errors
     for i, x in enumerate(inputs):
         torch.testing.assert_close(results[i], torch.softmax(x * 2, -1))
+
+
+def test_a_large_graph_builds_as_several_libraries_at_once(monkeypatch, tmp_path):
+    """With enough workers a graph's kernels go into several libraries compiled in parallel
+    (cpp_build.load_graph_kernels); results do not change, and a second build finds them all."""
+
+    monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHFUSE_COMPILE_WORKERS", "4")
+    monkeypatch.setattr(cpp_build, "MIN_KERNELS_PER_LIBRARY", 1)
+    monkeypatch.setattr(cpp_build, "MIN_WORKERS_TO_SPLIT", 2)
+
+    def fn(x, y):
+        a = torch.sigmoid(x) * y
+        b = a.sum(-1, keepdim=True) + x
+        c = torch.tanh(b).amax(0) + y
+        return a, b, (c * 2).softmax(-1)
+
+    x, y = torch.randn(16, 32), torch.randn(32)
+    builds = cpp_build.stats.compiler_calls + cpp_build.stats.disk_hits
+    torchfuse.reset()
+    cpp_build.clear_memory_cache()
+    got = torchfuse.compile(fn, options={"target": "cpp", "strict": True})(x, y)
+    kernels = len(torchfuse.report().graphs[-1].generated_kernels)
+    assert kernels >= 3 and cpp_build.stats.compiler_calls + cpp_build.stats.disk_hits - builds >= 2
+    for g, e in zip(got, fn(x, y)):
+        torch.testing.assert_close(g, e)
+    parts = cpp_build.library_parts([(str(i), type("K", (), {"source": "x" * (i + 1)})()) for i in range(10)], 3)
+    assert [name for part in parts for name, _ in part] == [str(i) for i in range(10)] and len(parts) == 3

@@ -79,7 +79,7 @@ def test_scalar_argument_kernel_computes_eagers_values():
     outputs = {name: torch.empty(graph.buffers[name].shape, dtype=graph.buffers[name].dtype)
                for name in rendered.pointer_args if name not in ("x_1",)}
     args = [x if name == "x_1" else outputs[name] for name in rendered.pointer_args] + [s.item()]
-    launcher = Launcher(load_kernel(rendered.source, rendered.name, interpret=True), "reduction", rendered.persistent)
+    launcher = Launcher(load_kernel(rendered.source, rendered.function, interpret=True), "reduction", rendered.persistent)
     launcher(37, 300, *args)
     (result,) = outputs.values()
     assert_close(result, scaled_rows(x, s), reference=scaled_rows(x.double(), s.double()))
@@ -146,7 +146,7 @@ def test_a_cpu_value_computed_from_scalars_is_recomputed_in_the_gpu_kernel():
     assert rendered.scalar_args == ["s_1"] and rendered.pointer_args == ["x_1", kernel.members[-1].node.name]
     x, s = torch.randn(8, 16), torch.tensor(0.25)
     out = torch.empty(8, 16)
-    Launcher(load_kernel(rendered.source, rendered.name, interpret=True), "pointwise")(128, 0, x, out, s.item())
+    Launcher(load_kernel(rendered.source, rendered.function, interpret=True), "pointwise")(128, 0, x, out, s.item())
     assert_close(out, size_scale(x, s), reference=size_scale(x.double(), s.double()))
 
 

@@ -314,7 +314,7 @@ def test_scheduler_handles_reduction_over_size_one_dims():
     graph.outputs = [GraphOutput(out.buffer, out.shape, (sympy.Integer(1),))]
     plan = schedule(graph)
     kernels = {k.name: render_kernel(k, graph.buffers) for k in plan.kernels}
-    launchers = {name: load_kernel(k.source, k.name, DEVICE == "cpu") for name, k in kernels.items()}
+    launchers = {name: load_kernel(k.source, k.function, DEVICE == "cpu") for name, k in kernels.items()}
     call, *_ = build_wrapper(graph, plan, kernels, launchers)
     t = torch.randn(3, 1, device=DEVICE)
     (result,) = call([t])

@@ -16,7 +16,7 @@ from torchfuse import pipeline
 from torchfuse.diagnostics import report as reports
 from torchfuse.frontend.aot import aot_backend
 from torchfuse.options import Options
-from torchfuse.runtime import cpp_build, graph_cache
+from torchfuse.runtime import compile_pool, cpp_build, graph_cache
 
 
 def compile(model_or_fn: Callable, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -64,6 +64,8 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
     def run(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
         if options.target == "auto" and not _any_cuda(example_inputs) and not _cpp_available():
             return pipeline.run_captured(gm)
+        if _any_cuda(example_inputs) and options.target in ("auto", "triton"):
+            compile_pool.get_pool()  # workers start now and load Triton while AOTAutograd traces
         return traced(gm, example_inputs)
 
     return run

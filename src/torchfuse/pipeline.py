@@ -32,7 +32,8 @@ from torchfuse.lowering.devices import check_one_device, place_on_one_device
 from torchfuse.lowering.driver import lower
 from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls
 from torchfuse.options import Options
-from torchfuse.runtime import cpp_build, cudagraphs, graph_cache, kernel_cache, wrapper
+from torchfuse.runtime import cpp_build, cudagraphs, graph_cache, kernel_cache, triton_ahead, wrapper
+from torchfuse.runtime.predict import Unpredicted, predict_launches
 from torchfuse.scheduler.kernel import FusedKernel
 
 
@@ -49,6 +50,8 @@ class CompileState:
     launchers: dict = field(default_factory=dict)
     wrapper_constants: dict = field(default_factory=dict)  # objects the wrapper source names
     call: Callable | None = None
+    predictions: dict = field(default_factory=dict)  # GPU kernel name -> PredictedLaunch | Unpredicted
+    ahead: dict = field(default_factory=dict)  # GPU kernel name -> (PredictedLaunch, loader): compiling
 
 
 def choose_target(example_inputs: list[Any], options: Options, gm: torch.fx.GraphModule | None = None) -> str:
@@ -210,20 +213,22 @@ def _cache_entry(state: CompileState) -> graph_cache.GraphEntry:
                         if n.op == "get_attr" and n.name in state.graph.constants}
     report = copy.deepcopy(state.report)
     return graph_cache.GraphEntry(report.wrapper_source, dict(state.wrapper_constants), dict(state.kernels),
-                                  constant_targets, report)
+                                  constant_targets, report, dict(state.predictions))
 
 
 # What a cache hit takes from the stored report: everything the stages would have written.
 RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "device_notes", "split_reductions", "ir_text",
-                          "wrapper_source", "input_buffers", "output_buffers", "eager_bytes")
+                          "wrapper_source", "input_buffers", "output_buffers", "eager_bytes")  # not binaries: _restore fills it
 
 
 def _restore(state: CompileState, entry: graph_cache.GraphEntry) -> None:
     launchers = _load_launchers(entry.kernels, state.report.name)
     tensor_constants = {name: graph_cache.attribute(state.gm, target) for name, target in entry.constant_targets.items()}
     state.kernels, state.launchers, state.wrapper_constants = entry.kernels, launchers, entry.wrapper_constants
+    state.predictions = entry.predictions
+    _compile_ahead(state)
     state.call = wrapper.bind_wrapper(entry.wrapper_source, entry.wrapper_constants, tensor_constants, launchers,
-                                      state.report.name)
+                                      state.report.name, state.ahead)
     stored = copy.deepcopy(entry.report)
     for name in RESTORED_REPORT_FIELDS:
         setattr(state.report, name, getattr(stored, name))
@@ -236,7 +241,7 @@ def _load_launchers(kernels: dict, graph_name: str) -> dict:
     launchers = cpp_build.load_graph_kernels(cpp_kernels, graph_name)
     for name, kernel in kernels.items():
         if not isinstance(kernel, CppKernel):
-            launchers[name] = kernel_cache.load_kernel(kernel.source, kernel.name, kernel.device != "cuda")
+            launchers[name] = kernel_cache.load_kernel(kernel.source, kernel.function, kernel.device != "cuda")
     return launchers
 
 
@@ -369,6 +374,24 @@ def stage_kernels(state: CompileState) -> None:
             state.report.device_notes.append(f"{kernel.name} receives {scalar} (a 0-d CPU tensor) by value, as eager does")
     state.launchers.update(_load_launchers({n: k for n, k in state.kernels.items() if n not in state.launchers},
                                            state.report.name))
+    if on_gpu:
+        state.predictions = predict_launches(state.graph, state.plan, state.kernels, state.example_inputs)
+        _compile_ahead(state)
+
+
+def _compile_ahead(state: CompileState) -> None:
+    """Start compiling the GPU kernels' predicted launches in the worker pool (triton_ahead.py);
+    the wrapper's launchers get their loaders. The report says what each kernel got."""
+    if not state.predictions:
+        return
+    state.ahead = triton_ahead.compile_ahead(state.kernels, state.launchers, state.predictions)
+    for name, prediction in state.predictions.items():
+        if name in state.ahead:
+            state.report.binaries[name] = "compiled ahead"
+        elif isinstance(prediction, Unpredicted):
+            state.report.binaries[name] = f"at its first launch: {prediction.reason}"
+        else:
+            state.report.binaries[name] = "at its first launch: compiling ahead was not possible (no GPU, or off)"
 
 
 def _cpp_kernels(state: CompileState, kernels: list) -> None:
@@ -387,7 +410,8 @@ def stage_wrapper(state: CompileState) -> None:
     if state.target == "aten":
         state.call = _run_with_aten(state.gm)
         return
-    call, source, constants = wrapper.build_wrapper(state.graph, state.plan, state.kernels, state.launchers)
+    call, source, constants = wrapper.build_wrapper(state.graph, state.plan, state.kernels, state.launchers,
+                                                    state.ahead)
     state.report.wrapper_source = source
     state.wrapper_constants = constants
     state.call = call

@@ -35,6 +35,7 @@ from torch._dynamo.utils import compilation_time_metrics
 
 import torchfuse
 from torchfuse.bench.measure import sync
+from torchfuse.diagnostics.compile_times import snapshot
 from torchfuse.bench.suites import select
 
 CACHE_VARIABLES = ("TORCHFUSE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
@@ -82,6 +83,8 @@ class FirstCall(NamedTuple):
     out: Any
     seconds: float  # wall time of the first call, compile included
     backend_seconds: float  # of which inside the backend (nan when Dynamo's timer is missing)
+    # torchfuse's split of it (diagnostics/compile_times.py: capture, aot, ours, cpp, gpu_wait, ...)
+    split: dict[str, float]
 
 
 BACKEND_TIMER = "OutputGraph.call_user_compiler"  # Dynamo's timer around every backend call
@@ -91,6 +94,7 @@ def timed_first_call(make: Callable[[], Callable[[], Any]], device: torch.device
     """``make`` builds the compiled step, which then runs once, timed."""
     gc.collect()
     backend_calls = len(compilation_time_metrics.get(BACKEND_TIMER, []))
+    before = snapshot(torchfuse.report().graphs)
     sync(device)
     start = time.perf_counter()
     step = make()
@@ -99,14 +103,15 @@ def timed_first_call(make: Callable[[], Callable[[], Any]], device: torch.device
     seconds = time.perf_counter() - start
     timer = compilation_time_metrics.get(BACKEND_TIMER)
     backend_seconds = sum(timer[backend_calls:]) if timer is not None else float("nan")
-    return FirstCall(step, out, seconds, backend_seconds)
+    split = snapshot(torchfuse.report().graphs).minus(before).as_dict()
+    return FirstCall(step, out, seconds, backend_seconds, split)
 
 
 def measure_warm(case_names: list[str], backends: list[str], device: torch.device,
                  quick: bool) -> dict[str, dict[str, dict[str, float]]]:
     """Warm compile seconds per case, as ``{case: {"seconds": {backend: s}, "backend_seconds":
-    {backend: s}}}`` (plus "dynamo", the floor, in "seconds"), each backend in its own process; a
-    backend whose process fails is left out (it says why)."""
+    {backend: s}, "split": {"torchfuse": {part: s}}}}`` (plus "dynamo", the floor, in "seconds"),
+    each backend in its own process; a backend whose process fails is left out (it says why)."""
     compiled = [b for b in backends if b != "eager"]
     if not compiled or not case_names:
         return {}
@@ -149,10 +154,12 @@ def _warm_main(argv: list[str] | None = None) -> int:
         sync(device)
         for backend in backends:
             first = timed_first_call(lambda: workload.make_step(compiler_for(backend)), device)
-            measured = seconds.setdefault(case.name, {"seconds": {}, "backend_seconds": {}})
+            measured = seconds.setdefault(case.name, {"seconds": {}, "backend_seconds": {}, "split": {}})
             measured["seconds"][backend] = first.seconds
             if backend != "dynamo":
                 measured["backend_seconds"][backend] = first.backend_seconds
+            if backend == "torchfuse":
+                measured["split"][backend] = first.split
             del first
         torch._dynamo.reset()
     print(json.dumps(seconds), flush=True)

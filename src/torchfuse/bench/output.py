@@ -123,7 +123,8 @@ def problem_lines(results: list[CaseResult]) -> list[str]:
 def compile_rows(results: list[CaseResult]) -> tuple[list[str], list[list[str]]]:
     """The compile-time table: whole first calls, the part inside each backend, torchfuse's warm/cold."""
     header = ["case", "cold s ind/tf", "warm s ind/tf/dyn", "in backend cold s ind/tf",
-              "in backend warm s ind/tf", "tf warm/cold: whole, in backend"]
+              "in backend warm s ind/tf", "tf warm/cold: whole, in backend", "tf cold: " + SPLIT_TITLE,
+              "tf warm: " + SPLIT_TITLE]
     table = []
     for r in results:
         if r.skipped or "build" in r.errors:
@@ -135,8 +136,24 @@ def compile_rows(results: list[CaseResult]) -> tuple[list[str], list[list[str]]]
             "/".join(_fmt(r.backend_cold_s.get(b), ".3f") for b in COMPILED),
             "/".join(_fmt(r.backend_warm_s.get(b), ".3f") for b in COMPILED),
             f"{_ratio(r.warm_s, r.cold_s)}, {_ratio(r.backend_warm_s, r.backend_cold_s)}",
+            _split(r.tf_split_cold), _split(r.tf_split_warm),
         ])
     return header, table
+
+
+# torchfuse's first call, split (diagnostics/compile_times.py): Dynamo's capture, AOTAutograd, our
+# stages, the C++ compiler, first launches waiting for GPU compiles; then Triton's compiles in the
+# workers (summed, beside the rest; the number of jobs) and launches through Triton's JIT.
+SPLIT_PARTS = ("capture", "aot", "ours", "cpp", "gpu_wait")
+SPLIT_TITLE = "capture/aot/ours/c++/gpu wait s; workers s (jobs); jit"
+
+
+def _split(split: dict[str, float]) -> str:
+    if not split:
+        return "-"
+    return ("/".join(_fmt(split.get(part), ".2f") for part in SPLIT_PARTS)
+            + f"; {_fmt(split.get('gpu_workers'), '.1f')} ({split.get('gpu_compiled', 0):.0f}); "
+            f"{split.get('gpu_jit_launches', 0):.0f}")
 
 
 def _ratio(warm: dict[str, float], cold: dict[str, float], backend: str = "torchfuse") -> str:
@@ -176,7 +193,12 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
                   "filled; dyn: Dynamo's capture alone (backend=\"eager\"), the floor under any warm time; "
                   "in backend: the part of a first call inside the backend (AOTAutograd and after, "
                   "Dynamo's call_user_compiler timer); work a backend defers to the first run is "
-                  "not in it (torchfuse's Triton kernels compile at their first launch). A full "
+                  "not in it (torchfuse's Triton kernels compile in worker processes from the end of "
+                  "each graph's compile, and its first launches wait for them). tf cold/warm split: "
+                  "Dynamo's capture / AOTAutograd / torchfuse's stages / the C++ compiler / first "
+                  "launches waiting for GPU compiles, seconds; then the workers' compile seconds "
+                  "(summed over workers) with the number of GPU compile jobs (0 in a warm process); "
+                  "launches through Triton's JIT. A full "
                   "garbage collection runs before each timed first call. "
                   "peak MB: memory a call allocates beyond what was live before it. BW % copy: "
                   "(inputs + outputs bytes) / time, against a device-to-device copy. tf error: the worst "

@@ -23,6 +23,7 @@ import torch
 
 import torchfuse
 from torchfuse.bench import compile_time, measure, output, profile
+from torchfuse.diagnostics.compile_times import compile_events
 from torchfuse.bench.cases import Case, Workload
 from torchfuse.bench.suites import select
 
@@ -44,6 +45,10 @@ class CaseResult:
     # Of the cold and warm seconds, the part inside the backend (AOTAutograd and after).
     backend_cold_s: dict[str, float] = field(default_factory=dict)
     backend_warm_s: dict[str, float] = field(default_factory=dict)
+    # torchfuse's first calls split (diagnostics/compile_times.CompileTimes.as_dict)
+    tf_split_cold: dict[str, float] = field(default_factory=dict)
+    tf_split_warm: dict[str, float] = field(default_factory=dict)
+    tf_compiles_while_timed: int = 0  # compiles torchfuse started during timed steps: must be 0
     kernels: dict[str, int] = field(default_factory=dict)
     peak_mb: dict[str, float] = field(default_factory=dict)
     rel_err: dict[str, float] = field(default_factory=dict)
@@ -86,6 +91,12 @@ class CaseResult:
         if backend == "torchfuse" and self.tf_fallbacks:
             found.append(f"torchfuse ran {len(self.tf_fallbacks)} of {self.tf_graphs} graphs with ATen: "
                          + "; ".join(self.tf_fallbacks))
+        if backend == "torchfuse" and self.tf_split_warm.get("gpu_compiled"):
+            found.append(f"torchfuse's warm process compiled {self.tf_split_warm['gpu_compiled']:.0f} GPU kernel(s): "
+                         "the binary cache missed")
+        if backend == "torchfuse" and self.tf_compiles_while_timed:
+            found.append(f"torchfuse compiled {self.tf_compiles_while_timed} kernel(s) during timed steps, "
+                         "after the first call")
         return found
 
 
@@ -139,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             measured = warm.get(result.case, {})
             result.warm_s.update(measured.get("seconds", {}))
             result.backend_warm_s.update(measured.get("backend_seconds", {}))
+            result.tf_split_warm = measured.get("split", {}).get("torchfuse", {})
     out_dir = Path(args.out)
     output.write_all(results, env, copy_gbs, repeats, args.quick, out_dir)
     bad = [f"{r.case}/{b}" for r in results for b in backends if b in r.rel_err and not r.accurate(b)]
@@ -185,11 +197,15 @@ def run_case(case: Case, backends: list[str], device: torch.device, quick: bool,
     graphs_before = _torchfuse_graph_count() if _runs_torchfuse(backends) else 0
     steps = _first_calls(workload, backends, device, result, status)
     status("timing")
+    compiles_before = compile_events()
     try:
         result.ms = measure.median_ms(steps, device, repeats)
     except Exception as exc:  # noqa: BLE001 - a step that ran once and then fails loses the timing only
         traceback.print_exc()
         result.errors["timing"] = f"{type(exc).__name__}: {exc}"[:500]
+    # Every kernel must be compiled by the end of the first call: none while timing (with the
+    # warm-up rounds; other backends compile nothing of ours).
+    result.tf_compiles_while_timed = compile_events() - compiles_before
     if profiled and "timing" not in result.errors:
         status("profiling")
         result.profiles = {backend: profile.profile_step(step) for backend, step in steps.items()}
@@ -221,7 +237,7 @@ def _first_calls(workload: Workload, backends: list[str], device: torch.device, 
     for backend in backends:
         status(f"compiling with {backend}")
         try:
-            step, out, seconds, backend_seconds = compile_time.timed_first_call(
+            step, out, seconds, backend_seconds, split = compile_time.timed_first_call(
                 lambda: workload.make_step(compile_time.compiler_for(backend)), device)
             if backend.endswith("-ro"):
                 for _ in range(CALLS_UNTIL_REPLAYED - 1):
@@ -230,6 +246,8 @@ def _first_calls(workload: Workload, backends: list[str], device: torch.device, 
             if backend != "eager":
                 result.cold_s[backend] = seconds
                 result.backend_cold_s[backend] = backend_seconds
+            if backend == "torchfuse":
+                result.tf_split_cold = split
             if reference is None and backend == "eager":  # keep a copy, later steps may reuse memory
                 reference = [t.detach().clone() for t in measure.flat_tensors(out)]
             if reference is not None:  # without it (eager failed) nothing is checked: the row says so

@@ -99,6 +99,9 @@ class GraphReport:
     input_buffers: list[str] = field(default_factory=list)  # graph inputs, in call order
     output_buffers: list[str] = field(default_factory=list)
     eager_bytes: int | None = None  # bytes all ops of the graph move when run eagerly
+    # GPU kernel name -> where its binary comes from: "compiled ahead" (in the worker pool, or
+    # from the disk cache, before the first run) or "at its first launch: <why>" (Triton's JIT)
+    binaries: dict[str, str] = field(default_factory=dict)
     # mode="reduce-overhead": "recorded", "replayed", and "default path: <reason>" -> calls
     # (or "not used: <reason>" when the graph cannot use CUDA graphs at all).
     cudagraphs: collections.Counter = field(default_factory=collections.Counter)
@@ -134,6 +137,12 @@ class GraphReport:
             lines.append(f"  no lowering (ran as ATen): {', '.join(sorted(set(self.fallbacks)))}")
         for note in self.device_notes:
             lines.append(f"  devices: {note}")
+        if self.binaries:
+            ahead = sum(1 for where in self.binaries.values() if where == "compiled ahead")
+            lines.append(f"  GPU binaries: {ahead} of {len(self.binaries)} compiled ahead of the first run")
+            for kernel, where in self.binaries.items():
+                if where != "compiled ahead":
+                    lines.append(f"    {kernel}: {where}")
         if self.cudagraphs:
             counts = ", ".join(f"{reason}: {n}" for reason, n in self.cudagraphs.items())
             lines.append(f"  CUDA graphs: {counts}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from torchfuse.diagnostics.compile_times import CompileTimes, snapshot
 from torchfuse.diagnostics.html import render_report
 from torchfuse.diagnostics.model import GraphReport, KernelReport
 from torchfuse.frontend.dynamo_events import current_compile_id
@@ -20,7 +21,12 @@ class Report:
     def __str__(self) -> str:
         if not self.graphs:
             return "torchfuse: nothing compiled yet"
-        return "\n".join(str(g) for g in self.graphs)
+        return "\n".join([*(str(g) for g in self.graphs), str(self.compile_times)])
+
+    @property
+    def compile_times(self) -> CompileTimes:
+        """Where this process's compile time went (Dynamo, AOTAutograd, torchfuse, compilers)."""
+        return snapshot(self.graphs)
 
     @property
     def kernels(self) -> list[KernelReport]:

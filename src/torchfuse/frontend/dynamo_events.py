@@ -300,6 +300,20 @@ def _raw_metrics() -> list[Any]:
         return []
 
 
+# Dynamo's timers (torch._dynamo.utils.compilation_time_metrics): all of a frame's compile, and
+# the part inside the backend (AOTAutograd and the backend it calls).
+DYNAMO_TIMER = "_compile.compile_inner"
+BACKEND_TIMER = "OutputGraph.call_user_compiler"
+
+
+def dynamo_timer_seconds(name: str) -> float:
+    """Seconds Dynamo's timer ``name`` has counted in this process (0 when it has none)."""
+    try:
+        return float(sum(dynamo_utils.compilation_time_metrics.get(name, ())))
+    except Exception:  # noqa: BLE001 - another torch's layout: report without that split
+        return 0.0
+
+
 def _ensure_metrics_capacity(size: int = 100_000) -> None:
     """Dynamo keeps only the last 64 compiles by default; a long script needs them all."""
     try:

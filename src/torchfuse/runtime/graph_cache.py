@@ -29,7 +29,7 @@ import torch.fx
 
 from torchfuse.frontend.symbolic import constant_value
 from torchfuse.runtime import cpp_build
-from torchfuse.runtime.kernel_cache import cache_dir
+from torchfuse.runtime.cache_paths import cache_dir
 
 FORMAT = "graph-cache-1"
 # Variables that change where things go or what is printed, never what is generated.
@@ -53,6 +53,8 @@ class GraphEntry:
     kernels: dict[str, Any]  # kernel name -> rendered CppKernel / TritonKernel
     constant_targets: dict[str, str]  # buffer name of a tensor constant -> its get_attr target
     report: Any  # the GraphReport of the compile that stored it
+    # GPU kernel name -> its predicted launch (runtime/predict.py), compiled ahead again on a hit
+    predictions: dict[str, Any] = field(default_factory=dict)
 
 
 stats = CacheStats()

@@ -10,6 +10,10 @@ does that once per *specialization* (argument dtypes, 16-byte alignment of point
 integer classes Triton specializes on, block sizes): the first call of a specialization goes
 through Triton (compiling if needed) and keeps the ``CompiledKernel``; later calls hand the
 arguments straight to the compiled binary's C launcher.
+
+A specialization compiled ahead (``triton_ahead.py``: predicted from the graph, compiled by the
+worker pool) is given to the launcher with ``prepare``; its first call loads that binary and
+launches it directly, so Triton compiles nothing on the critical path.
 """
 from __future__ import annotations
 
@@ -42,9 +46,23 @@ _launch_lock = threading.RLock()
 class LaunchStats:
     direct: int = 0  # launches handed straight to a compiled binary
     through_triton: int = 0  # launches through JITFunction.run (first of a specialization, interpreter)
+    ahead: int = 0  # first launches of a specialization served by a binary compiled ahead
+    ahead_failed: int = 0  # predicted specializations whose binary could not be loaded (Triton compiled it)
 
 
 stats = LaunchStats()
+
+
+@dataclass(frozen=True)
+class PointerArg:
+    """A tensor argument as Triton specializes on it, for launches predicted before any tensor
+    exists. ``data_ptr`` makes it acceptable to Triton's specializer, like Triton's MockTensor."""
+
+    dtype: torch.dtype
+    aligned: bool  # data_ptr() % 16 == 0
+
+    def data_ptr(self) -> int:
+        return 0 if self.aligned else 4
 
 
 def next_power_of_2(n: int) -> int:
@@ -126,6 +144,9 @@ class Launcher:
         # (device, xnumel, rnumel, specialization of each argument) -> a direct launch: a binary
         # is loaded per device, and Triton launches on the current device's current stream.
         self.binaries: dict[tuple, Callable[..., None]] = {}
+        # (xnumel, rnumel, specialization of each argument) -> loads, for the current device, the
+        # binary compiled ahead for it (None if that failed: Triton then compiles as usual).
+        self.ahead: dict[tuple, Callable[[], Any]] = {}
         self.direct = _direct_launch_supported(fn) if direct is None else direct
         self.knobs = _runtime_knobs() if self.direct else None
         # Read from Triton's driver at the first launch (building a wrapper needs no GPU); tests
@@ -144,6 +165,8 @@ class Launcher:
             device = self.current_device()
             key = (device, xnumel, rnumel, *[_specialization(a) for a in args])
             launch = self.binaries.get(key)
+            if launch is None and key[1:] in self.ahead:
+                launch = self._load_ahead(key)
             if launch is not None:
                 stats.direct += 1
                 launch(self.current_stream(device), *args)
@@ -157,6 +180,25 @@ class Launcher:
                                                num_warps=config.num_warps)
         if key is not None and compiled is not None:
             self.binaries[key] = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
+
+    def prepare(self, xnumel: int, rnumel: int, args: tuple, load: Callable[[], Any]) -> None:
+        """Launches over these sizes with arguments of these classes (``PointerArg`` for tensors,
+        the predicted value for scalars) use the ``CompiledKernel`` that ``load`` returns."""
+        if self.direct:
+            self.ahead[predicted_key(xnumel, rnumel, args)] = load
+
+    def _load_ahead(self, key: tuple) -> Callable[..., None] | None:
+        compiled = self.ahead[key[1:]]()  # waits for the worker if it is still compiling
+        if compiled is None:
+            stats.ahead_failed += 1
+            return None
+        xnumel, rnumel = key[1], key[2]
+        config = self.config(xnumel, rnumel)
+        numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
+        launch = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
+        self.binaries[key] = launch
+        stats.ahead += 1
+        return launch
 
     def config(self, xnumel: int, rnumel: int) -> Config:
         if self.kind == "pointwise":
@@ -173,6 +215,12 @@ def _specialization(arg: Any) -> Any:
         # Triton makes 1 a constant, marks multiples of 16, and picks i32 or i64 by range.
         return arg == 1, arg & 15 == 0, -2**31 <= arg < 2**31
     return type(arg)
+
+
+def predicted_key(xnumel: int, rnumel: int, args: tuple) -> tuple:
+    """The launch key (without the device) of a predicted launch: what ``_specialization`` gives
+    for tensors of these ``PointerArg`` classes and for these scalars."""
+    return (xnumel, rnumel, *[(a.dtype, a.aligned) if isinstance(a, PointerArg) else _specialization(a) for a in args])
 
 
 def _direct_launch_supported(fn: Any) -> bool:
@@ -211,7 +259,10 @@ def _cuda_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]:
 def _binary_launch(compiled: Any, grid: int, tail: tuple[int, ...]) -> Callable[..., None]:
     """Launch ``compiled`` on a stream, without Triton's Python layer: ``tail`` holds the numels
     and block sizes, fixed for this specialization."""
-    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    # ``run`` first: reading it loads the binary onto the current device (a CompiledKernel made
+    # from a cached binary has no ``function`` before that).
+    run = compiled.run
+    function, metadata = compiled.function, compiled.packed_metadata
 
     def launch(stream: int, *args: Any) -> None:
         run(grid, 1, 1, stream, function, metadata, None, None, None, *args, *tail)

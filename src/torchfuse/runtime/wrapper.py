@@ -266,18 +266,20 @@ def _same_addresses(tensor: torch.Tensor, strides: tuple) -> bool:
 
 
 def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel | CppKernel],
-                  launchers: dict[str, Any]):
+                  launchers: dict[str, Any], ahead: dict[str, tuple[Any, Any]] | None = None):
     """Compile the wrapper source into a callable ``call(args)``; returns (call, source, constants)."""
     writer = WrapperWriter(graph, plan, kernels)
     source = writer.write()
-    call = bind_wrapper(source, writer.constants, graph.constants, launchers, graph.name)
+    call = bind_wrapper(source, writer.constants, graph.constants, launchers, graph.name, ahead)
     return call, source, writer.constants
 
 
 def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[str, torch.Tensor],
-                 launchers: dict[str, Any], graph_name: str):
+                 launchers: dict[str, Any], graph_name: str, ahead: dict[str, tuple[Any, Any]] | None = None):
     """Execute a wrapper's source with the objects it names: ``constants`` from its writer
-    (kernels become their launchers), the graph's tensor constants by buffer name."""
+    (kernels become their launchers, given the binary compiled ahead for their predicted launch
+    in ``ahead``: kernel name -> (``predict.PredictedLaunch``, loader)), the graph's tensor
+    constants by buffer name."""
     namespace: dict[str, Any] = {
         "tf_empty_strided": torch.empty_strided, "tf_as_strided": torch.as_strided, "tf_ensure_layout": ensure_layout,
         "tf_max": max, "tf_min": min, "tf_num_threads": torch.get_num_threads,
@@ -285,7 +287,11 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
     namespace.update(tensor_constants)  # lifted tensor constants, by buffer name
     for name, value in constants.items():
         if isinstance(value, TritonKernel):
-            value = Launcher(launchers[value.name], value.kind, value.persistent, outer=value.outer)
+            kernel = value
+            value = Launcher(launchers[kernel.name], kernel.kind, kernel.persistent, outer=kernel.outer)
+            if ahead and kernel.name in ahead:
+                launch, load = ahead[kernel.name]
+                value.prepare(launch.xnumel, launch.rnumel, launch.args, load)
         elif isinstance(value, CppKernel):
             value = launchers[value.name]  # the ctypes function
         namespace[name] = value

@@ -28,6 +28,8 @@ import torch
 from rich.console import Console
 
 from torchfuse.api import backend as torchfuse_backend
+from torchfuse.diagnostics import report as reports
+from torchfuse.diagnostics.compile_times import CompileTimes, snapshot
 from torchfuse.diagnostics.html import render_report
 from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend import dynamo_events as dyn
@@ -53,6 +55,7 @@ class DoctorResult:
     findings: list[GraphFinding] = field(default_factory=list)
     error: str | None = None  # the script's traceback, if it raised
     html_path: str | None = None
+    compile_times: CompileTimes | None = None  # where the script's compile time went
 
     def text(self, width: int = 120) -> str:
         """The report as plain text (what ``render`` prints, without colors)."""
@@ -178,8 +181,10 @@ def run_script(script: str, argv: list[str] | None = None, *, html: str | None =
     observation = Observation()
     entries = _EntryPoints(observation)
     started = time.perf_counter()
+    compiled_before = snapshot(reports.report().graphs)
     exit_code, error, error_break = _execute(path, argv, observation, entries, backend)
     wall = time.perf_counter() - started
+    compile_times = snapshot(reports.report().graphs).minus(compiled_before)
     for key, seconds in eager.items():
         if key in entries.stats:
             entries.stats[key].eager_s_per_call = seconds
@@ -189,7 +194,8 @@ def run_script(script: str, argv: list[str] | None = None, *, html: str | None =
     result = DoctorResult(
         script=path, argv=argv, exit_code=exit_code, wall_s=wall, functions=observation.functions(entries.stats),
         breaks=breaks, recompiles=observation.recompiles(), limit_hits=observation.limit_hits(),
-        graphs=observation.graphs(), findings=observation.graph_findings(), error=error)
+        graphs=observation.graphs(), findings=observation.graph_findings(), error=error,
+        compile_times=compile_times)
     if html:
         title = f"torchfuse doctor: {os.path.basename(path)}"
         with open(html, "w", encoding="utf-8") as handle:

@@ -32,6 +32,8 @@ def render(result: "DoctorResult", console: Any = None) -> None:
     status = "finished" if result.exit_code == 0 and not result.error else f"exited with status {result.exit_code}"
     out.line(f"script {escape(result.script)} {status} in {result.wall_s:.2f} s")
     _functions(result, console, out)
+    if result.compile_times is not None and result.functions:
+        out.line(escape(str(result.compile_times)))
     _breaks(result, out)
     _recompiles(result, out)
     _limit_hits(result, console)

@@ -10,6 +10,7 @@ recomputed and reads of reductions come from registers.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import sympy
@@ -50,6 +51,9 @@ class TritonKernel:
     # 0-d CPU buffers a GPU kernel receives by value (lowering/devices.py), after the pointers.
     scalar_args: list[str] = field(default_factory=list)
     device: str = "cuda"  # device type the kernel runs on ("cpu": Triton's interpreter)
+    # The ``def``'s name: from a digest of the body, not the graph's kernel name, so identical
+    # kernels (every layer of a transformer, forward and backward) have one source and compile once.
+    function: str = ""
     outer: bool = False  # a reduction tiled [RBLOCK, XBLOCK]: lanes walk the rows (tiling.py)
 
 
@@ -300,14 +304,21 @@ class KernelRenderer:
         if self.is_reduction:
             params.append("rnumel")
             constexprs.append("RBLOCK: tl.constexpr")
-        name = self.kernel.name
-        header = [f"@jit", f"def {name}({', '.join(params + constexprs)}):"]
         origins = ", ".join(self.kernel.origins)
         doc = [f'    """{self.kernel.kind} kernel: {origins}"""']
-        source = "\n".join(header + doc + lines) + "\n"
-        return TritonKernel(name, source, pointer_args, sizes, product(self.kernel.x_ranges),
+        body = "\n".join(doc + lines) + "\n"
+        function = canonical_function_name(self.kernel.kind, f"{', '.join(params + constexprs)}\n{body}")
+        source = f"@jit\ndef {function}({', '.join(params + constexprs)}):\n" + body
+        return TritonKernel(self.kernel.name, source, pointer_args, sizes, product(self.kernel.x_ranges),
                             product(self.kernel.r_ranges), self.kernel.kind, self.persistent, self.kernel.origins,
-                            scalar_args, self.kernel.device.type, self.outer)
+                            scalar_args, self.kernel.device.type, function,
+                            self.outer)
+
+
+def canonical_function_name(kind: str, signature_and_body: str) -> str:
+    """``tf_poi_<digest>`` / ``tf_red_<digest>``: readable kind in profiles, the rest from the text."""
+    digest = hashlib.sha256(signature_and_body.encode()).hexdigest()[:16]
+    return f"tf_{kind[:3]}_{digest}"
 
 
 def _needs_int64(kernel: FusedKernel, buffers: dict[str, Buffer], size_hint) -> bool:

@@ -1,0 +1,228 @@
+"""A pool of compile worker processes, started once per process and shared by every graph.
+
+Triton compiles a kernel in Python and MLIR, holding the GIL for much of it, so kernels compile in
+parallel only in separate processes (``compile_worker.py``). Each worker is a fresh interpreter
+started with fork and exec (``subprocess``), never a forked copy of this process, which may hold
+CUDA state. One feeder thread per worker sends it a job and waits for the reply (blocking on a
+pipe releases the GIL); jobs are taken in submission order.
+
+``submit`` returns a ``Future`` per job and gives every caller of the same key the same future,
+so a kernel two graphs (or two layers) need is compiled once. A worker that dies fails its job
+(the caller then compiles that kernel itself, at its first launch) and is replaced.
+
+The pool is sized by ``TORCHFUSE_COMPILE_WORKERS`` (0 turns compiling ahead off), else by the
+CPUs this process may use, at most ``MAX_WORKERS``. Workers start when the pool is first asked
+for (``get_pool``), ideally while Dynamo and AOTAutograd still trace, and stop at exit.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from torchfuse.runtime import progress
+from torchfuse.runtime.compile_worker import BOOT, read_message, write_message
+
+MAX_WORKERS = 32
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the directory holding torchfuse/
+
+
+@dataclass
+class PoolStats:
+    submitted: int = 0  # distinct jobs sent to workers
+    finished: int = 0  # of which answered (done or failed)
+    shared: int = 0  # submissions answered by a job already submitted (same key)
+    failed: int = 0  # jobs that failed (compile error or a dead worker)
+    workers_started: int = 0
+    worker_seconds: float = 0.0  # time workers spent on jobs, summed
+
+
+stats = PoolStats()
+
+
+def worker_count() -> int:
+    """``TORCHFUSE_COMPILE_WORKERS``, else the CPUs available to this process (at most ``MAX_WORKERS``)."""
+    configured = os.environ.get("TORCHFUSE_COMPILE_WORKERS", "").strip()
+    if configured:
+        return max(0, int(configured))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS))
+
+
+class WorkerDied(RuntimeError):
+    """A worker process exited (or closed its pipe) before replying."""
+
+
+class _Worker:
+    """One worker process and its pipes; used by one feeder thread at a time."""
+
+    def __init__(self) -> None:
+        # Its stderr (Triton's warnings, a crash's traceback) goes to a file, read back on death.
+        self.log: IO[bytes] = tempfile.TemporaryFile()
+        self.process = subprocess.Popen([sys.executable, "-c", BOOT, PACKAGE_PARENT], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, close_fds=True)
+        stats.workers_started += 1
+
+    def request(self, job: dict) -> dict:
+        try:
+            write_message(self.process.stdin, job)
+            reply = read_message(self.process.stdout)
+        except (BrokenPipeError, OSError, EOFError) as error:
+            raise WorkerDied(self._last_words()) from error
+        if reply is None:
+            raise WorkerDied(self._last_words())
+        return reply
+
+    def _last_words(self) -> str:
+        code = self.process.poll()
+        self.log.seek(0)
+        tail = self.log.read()[-2000:].decode(errors="replace").strip()
+        return f"compile worker {self.process.pid} died (exit {code}): {tail or 'no output'}"
+
+    def close(self) -> None:
+        """Ask the worker to exit: it returns from serve() at the end of its input."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the worker until ``deadline`` (a ``time.monotonic`` time), then kill it."""
+        try:
+            self.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.process.kill()  # a compile in flight: its entry is never renamed into place
+            self.process.wait()
+        self.log.close()
+
+
+class CompilePool:
+    """``workers`` compile processes fed from one queue of jobs."""
+
+    def __init__(self, workers: int) -> None:
+        self.size = workers
+        self._jobs: queue.Queue[tuple[dict, Future] | None] = queue.Queue()
+        self._by_key: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+        self._closed = False
+        for index in range(workers):
+            worker = _Worker()  # starts now, so its imports overlap with the caller's work
+            self._workers.append(worker)
+            threading.Thread(target=self._feed, args=(index,), name=f"torchfuse-compile-{index}", daemon=True).start()
+
+    def submit(self, job: dict) -> Future:
+        """Compile ``job`` (a ``compile_worker`` job with a ``key``) in a worker; one future per key."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the compile pool was shut down")
+            future = self._by_key.get(job["key"])
+            if future is not None:
+                stats.shared += 1
+                return future
+            future = Future()
+            self._by_key[job["key"]] = future
+            stats.submitted += 1
+        self._jobs.put((job, future))
+        return future
+
+    def ping(self) -> list[dict]:
+        """One reply from each worker's process (tests: is it alive, did it import torch)."""
+        futures = []
+        for _ in range(self.size):
+            future: Future = Future()
+            self._jobs.put(({"kind": "ping", "key": None}, future))
+            futures.append(future)
+        return [f.result() for f in futures]
+
+    def _feed(self, index: int) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            started = time.perf_counter()
+            try:
+                reply = self._workers[index].request(job)
+            except WorkerDied as death:
+                reply = {"ok": False, "error": str(death), "key": job.get("key")}
+                if not self._closed:
+                    self._workers[index] = _Worker()
+            with self._lock:
+                if job["kind"] != "ping":
+                    stats.finished += 1
+                    stats.failed += not reply.get("ok")
+                    stats.worker_seconds += time.perf_counter() - started
+            future.set_result(reply)
+
+    def shutdown(self, timeout: float = 1.0) -> None:
+        """Stop taking jobs and end the workers, all within ``timeout`` seconds (a compile still
+        in flight then is abandoned: nothing waits for its result any more)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        while True:  # jobs not started are answered as failed: their kernels compile at launch
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None and item[1].set_running_or_notify_cancel():
+                item[1].set_result({"ok": False, "error": "the compile pool was shut down", "key": item[0].get("key")})
+        for _ in self._workers:
+            self._jobs.put(None)
+        for worker in self._workers:
+            worker.close()
+        deadline = time.monotonic() + timeout
+        for worker in self._workers:
+            worker.reap(deadline)
+
+
+def wait(future: Future) -> dict:
+    """A job's reply; on a terminal, a progress line while the wait is long (``progress.py``)."""
+    return progress.wait(future, _describe)
+
+
+def _describe() -> str:
+    size = _pool.size if _pool is not None else 0
+    return f"torchfuse: compiling GPU kernels {stats.finished}/{stats.submitted} in {size} processes"
+
+
+_pool: CompilePool | None = None
+_pool_lock = threading.Lock()
+
+
+def get_pool() -> CompilePool | None:
+    """The process's pool, started at the first call; None when compiling ahead is off."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            workers = worker_count()
+            if workers == 0:
+                return None
+            _pool = CompilePool(workers)
+            atexit.register(_pool.shutdown)
+        return _pool
+
+
+def shutdown_pool() -> None:
+    """Stop the process's pool (tests; a later ``get_pool`` starts a new one)."""
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown()
