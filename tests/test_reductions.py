@@ -158,6 +158,26 @@ def test_zero_size_reductions():
     run_named(build, x, e, i)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=dtype_id)
+def test_variance_of_equal_values_is_exactly_zero(dtype):
+    # Found by the GPU fuzz: reciprocal(var(x, 0, keepdim=True) * x) over repeated rows. Eager's
+    # variance of equal values is exactly 0 (so the program gives +-inf); sum(x) / n is an ulp
+    # off there, and 1e-15 instead of 0 turned inf into 1e15.
+    row = torch.randn(7, dtype=dtype)
+    x = row.expand(5, 7).contiguous().to(DEVICE)
+    columns = torch.randn(3, 1, dtype=dtype).expand(3, 9).contiguous().to(DEVICE)
+
+    def fn(x, columns):
+        return (torch.reciprocal(x.var(0, keepdim=True) * x), x.var(0), torch.var_mean(x, 0)[1],
+                columns.var(1), torch.var_mean(x, (0, 1)))
+
+    actual, expected = compile_strict(fn)(x, columns), fn(x, columns)
+    assert torch.equal(actual[0], expected[0]) and torch.isinf(actual[0]).all()
+    for got, want in zip(actual[1:4], expected[1:4]):
+        assert torch.equal(got, want), (got, want)
+    assert actual[4][0] > 0 and torch.allclose(actual[4][1], expected[4][1])
+
+
 # -- persistent vs looped -------------------------------------------------------------------------
 def test_longest_persistent_row():
     """4096 is the largest row reduced in registers (a few ops: the interpreter is slow here)."""

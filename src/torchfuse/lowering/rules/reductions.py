@@ -165,22 +165,44 @@ def _divide(ctx: LoweringContext, value: TensorValue, count: sympy.Expr, dtype: 
 
 def _mean_and_var(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], correction: Any,
                   keepdim: bool, dtype: torch.dtype) -> tuple[TensorValue, TensorValue]:
-    """Two-pass variance in opmath: the mean first, then the mean of squared deviations."""
+    """Variance by the corrected two-pass algorithm, in opmath: ``m = sum(x) / n``, then over the
+    same rows ``c = sum(x - m)`` and ``s = sum((x - m)^2)``; ``mean = m + c / n`` and
+    ``var = (s - c^2 / n) / (n - correction)``. ``c`` corrects the rounding of ``m``: a row of
+    equal values then has exactly that value as its mean and exactly 0 as its variance, as
+    eager's (Welford) does. The plain two-pass form gave 1e-15 there, and a downstream
+    ``1 / var`` or ``var * x`` turned eager's inf into 1e15 (found by the GPU fuzz:
+    ``reciprocal(var(x, 0) * x)`` over repeated rows). ``c`` and ``s`` read the same rows and
+    fuse into one kernel."""
     count = _count(x, axes)
     compute = opmath(dtype)
-    mean_kept = _divide(ctx, reduce(ctx, x, axes, True, "sum", compute), count, compute)
+    rough_mean = _divide(ctx, reduce(ctx, x, axes, True, "sum", compute), count, compute)
+
+    def deviation(idx: tuple) -> Expr:
+        mean_index = tuple(sympy.Integer(0) if d in axes else idx[d] for d in range(x.rank))
+        return Op(compute, "sub", (cast(x.load(idx), compute), rough_mean.load(mean_index)))
 
     def squared_deviation(idx: tuple) -> Expr:
-        mean_index = tuple(sympy.Integer(0) if d in axes else idx[d] for d in range(x.rank))
-        deviation = Op(compute, "sub", (cast(x.load(idx), compute), mean_kept.load(mean_index)))
-        return Op(compute, "mul", (deviation, deviation))
+        return Op(compute, "mul", (deviation(idx), deviation(idx)))
 
+    drift = reduction(ctx, x.shape, axes, True, compute, x.device, "sum", deviation)
     squares = reduction(ctx, x.shape, axes, True, compute, x.device, "sum", squared_deviation)
+    n = operand(count, (), (), compute)
+
+    def mean(idx: tuple) -> Expr:
+        return Op(compute, "add", (rough_mean.load(idx), Op(compute, "truediv", (drift.load(idx), n))))
+
+    def corrected_squares(idx: tuple) -> Expr:
+        c = drift.load(idx)
+        centred = Op(compute, "sub", (squares.load(idx), Op(compute, "truediv", (Op(compute, "mul", (c, c)), n))))
+        return Op(compute, "maximum", (centred, Const(compute, 0.0)))  # >= 0 exactly, not by an ulp
+
+    mean_kept = ctx.pointwise(rough_mean.shape, compute, x.device, mean)
+    centred = ctx.pointwise(squares.shape, compute, x.device, corrected_squares)
     correction = 1 if correction is None else correction
     if float(correction).is_integer():  # 1.0 from the Scalar overload: keep the divisor an integer
         correction = int(correction)
     divisor = sympy.Max(count - sympy.sympify(correction), 0)
-    var_kept = _divide(ctx, squares, divisor, dtype)
+    var_kept = _divide(ctx, centred, divisor, dtype)
     if compute != dtype:
         mean_kept = _elementwise(ctx, mean_kept, dtype, lambda v: v, compute)
     if keepdim:
