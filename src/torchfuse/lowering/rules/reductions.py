@@ -1,7 +1,7 @@
 """Reductions: each becomes one or more Reduction nodes plus pointwise epilogues.
 
-``mean`` is a sum and a division; ``var`` is two passes (mean, then the sum of squared
-deviations), which is exact in float32 where a one-pass sum of squares is not. The
+``mean`` is a sum and a division; ``var`` is the corrected two-pass form (mean, then the sums of
+deviations and of squared deviations), exact in float32 where a one-pass sum of squares is not. The
 scheduler fuses the passes over the same rows back into one kernel.
 """
 from __future__ import annotations
