@@ -8,6 +8,9 @@
 #   bash scripts/gpu_check.sh compile CASES  # cold and warm compile, Inductor and torchfuse, of the
 #                                            # named model cases (issue 18), plus the compile-ahead
 #                                            # tests and the serial/pool/warm measurement on the GPU
+#   bash scripts/gpu_check.sh profile CASES  # per step: wall vs GPU ms, launches, host us/launch, top
+#                                            # kernels; eager, Inductor, torchfuse and both
+#                                            # reduce-overhead modes (issue 15; ~150 s a case)
 # The OpInfo tests need `expecttest`, absent there: carry its wheel in .whl/ (gpu_env.sh installs it).
 # Each step has its own time limit so that a slow one cannot cost the others their results.
 set -uo pipefail
@@ -43,8 +46,12 @@ case "$what" in
     tests) run_tests ;;
     compile) run_compile "$cases" ;;
     micro) run_bench micro 540 ;;
+    profile) timeout 560 python3 scripts/gpu_profile.py ${cases:+--cases "$cases"} \
+                 --backends eager,inductor,torchfuse,inductor-ro,torchfuse-ro --out "$out/profile" \
+                 > "$out/profile.log" 2>&1; echo "profile exit $?" >> "$out/profile.log" ;;
     models) run_bench models 560 ${cases:+--cases "$cases"} ;;
     quick) run_tests; run_bench micro 300 ;;
-    *) echo "usage: bash scripts/gpu_check.sh [tests|micro|models [CASES]|compile CASES|quick]" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/gpu_check.sh [tests|micro|models [CASES]|compile CASES|profile CASES|quick]" >&2
+       exit 2 ;;
 esac
 tail -n 4 "$out"/*.log
