@@ -93,7 +93,7 @@ class _Recording:
     static_ptrs: dict[int, int]  # input position -> address read by the recording
     copied: dict[int, torch.Tensor]  # input position -> the runner's buffer
     outputs: list[Any]  # the recording's outputs (static tensors and constants)
-    handed_out: list[int]  # positions of outputs returned as aliases (not cloned)
+    handed_out: frozenset[int]  # positions of outputs returned as aliases (not cloned)
     storage_refs: dict[int, int]  # alias storages -> use count with no alias alive
     moves: collections.Counter = field(default_factory=collections.Counter)  # static inputs that moved
 
@@ -189,7 +189,7 @@ class CudaGraphRunner:
             if i in recording.copied:
                 args[i].copy_(recording.copied[i])
         args.clear()
-        handed = set(recording.handed_out)
+        handed = recording.handed_out
         return [_alias(out) if position in handed else _clone(out)
                 for position, out in enumerate(recording.outputs)]
 
@@ -241,20 +241,19 @@ class CudaGraphRunner:
             if stable and i not in layout.always_copy:
                 static_ptrs[i] = value.data_ptr()
             else:
-                copied[i] = inputs[i] = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                                            device=value.device).copy_(value)
+                copied[i] = inputs[i] = _clone(value)
         return static_ptrs, copied, inputs
 
-    def _aliased_outputs(self, outputs: Sequence[Any], copied: dict[int, torch.Tensor]) -> list[int]:
+    def _aliased_outputs(self, outputs: Sequence[Any], copied: dict[int, torch.Tensor]) -> frozenset[int]:
         """Positions of outputs handed out as aliases: tensors a forward graph saves for its
         backward, unless they share memory with a buffer of ours that the next copy-in
         overwrites."""
         start = self.io.saved_outputs_from
         if self.io.clone_all_outputs or start is None:
-            return []
+            return frozenset()
         ours = {_storage_key(b) for b in copied.values()}
-        return [i for i in range(start, len(outputs))
-                if isinstance(outputs[i], torch.Tensor) and _storage_key(outputs[i]) not in ours]
+        return frozenset(i for i in range(start, len(outputs))
+                         if isinstance(outputs[i], torch.Tensor) and _storage_key(outputs[i]) not in ours)
 
 
 # Storages that recordings returned, across the runners of this process: a backward graph reads

@@ -72,8 +72,7 @@ def hoist_row_invariant_loads(renderer, row: Scope) -> None:
             if not isinstance(node, Load) or node in seen or node.buffer in renderer.members:
                 continue
             seen.add(node)
-            direct = all(not isinstance(entry, Expr) for entry in node.index)
-            if direct and not any(sympy.sympify(entry).free_symbols & r_vars for entry in node.index):
+            if _load_row_invariant(node, r_vars):
                 renderer.writer.value(node, row)
 
 
@@ -96,7 +95,7 @@ def _row_invariant(renderer, expr: Expr) -> bool:
     r_vars = {loop.var for loop in renderer.plan.r_loops}
     for node in walk(expr):
         if isinstance(node, Load):
-            if any(isinstance(entry, Expr) or sympy.sympify(entry).free_symbols & r_vars for entry in node.index):
+            if not _load_row_invariant(node, r_vars):
                 return False
         elif isinstance(node, Op):
             if not node.dtype.is_floating_point and any(word in node.name for word in ("div", "mod", "rem")):
@@ -105,6 +104,11 @@ def _row_invariant(renderer, expr: Expr) -> bool:
             if sympy.sympify(node.index).free_symbols & r_vars:
                 return False
     return True
+
+
+def _load_row_invariant(load: Load, r_vars: set) -> bool:
+    """A load at a plain index (no gathered entry) that names no reduced variable."""
+    return not any(isinstance(entry, Expr) or sympy.sympify(entry).free_symbols & r_vars for entry in load.index)
 
 
 def _store_full(renderer, full: list[KernelMember], row: Scope, split: bool, reuse: dict[KernelMember, Expr]) -> None:
