@@ -52,6 +52,13 @@ def bn_stats_channels_last(x):
     return var, mean
 
 
+def bn_stats_few_channels(x):
+    """MobileNet's first batch norms under autocast: 16 channels, bf16 activations read through
+    ``x.float()`` (a producer node whose own layout is not x's), channels-last."""
+    var, mean = torch.var_mean(x.float(), (0, 2, 3), correction=0)
+    return var, mean
+
+
 def bn_add_relu(x, scale, shift, residual):
     return torch.relu(x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1) + residual)
 
@@ -65,6 +72,8 @@ CASES = {
     "full_sum": (full_sum, lambda: (torch.randn(4096, 2048, dtype=torch.bfloat16),)),
     "bias_grad": (bias_grad, lambda: (torch.randn(8, 512, 2048, dtype=torch.bfloat16),)),
     "bn_stats_channels_last": (bn_stats_channels_last, lambda: (_channels_last(32, 64, 28, 28),)),
+    "bn_stats_few_channels": (bn_stats_few_channels,
+                              lambda: (_channels_last(64, 16, 56, 56).to(torch.bfloat16),)),
     "bn_add_relu_channels_last": (bn_add_relu, lambda: (_channels_last(32, 64, 28, 28), torch.randn(64),
                                                         torch.randn(64), _channels_last(32, 64, 28, 28))),
 }

@@ -125,6 +125,20 @@ def test_views_and_layouts():
     run_named(build, base, cl, row)
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 7, 11), (1, 6, 227, 1)], ids=["even", "prime_ragged"])
+def test_channels_last_statistics_through_a_cast(shape):
+    """Autocast batch-norm statistics: bf16 channels-last x read through ``x.float()``, few
+    channels. The cast's own node must not hide the layout: the split is outer (interleaved
+    chunks, codegen/triton/split.py), also when the last chunk is ragged."""
+    x = floats(shape, torch.bfloat16, specials=[], seed=11).to(memory_format=torch.channels_last)
+
+    def build(x):
+        return {"var_mean": torch.var_mean(x.float(), (0, 2, 3), correction=0), "sum": x.float().sum((0, 2, 3))}
+
+    run_named(build, x)
+    assert splits() and all("(outer)" in note for note in splits()), splits()
+
+
 def test_prologues_and_epilogues():
     x = floats((800, 6), torch.float32, -2, 2, specials=[], seed=8)
     b = floats((6,), torch.float32, specials=[], seed=9)

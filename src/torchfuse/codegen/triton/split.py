@@ -11,10 +11,16 @@ This is an IR rewrite for the Triton target, run before scheduling (docs/decisio
 why): a ``Reduction`` over ``R`` elements becomes
 
 - ``P`` (``<name>_part``): the same reduction over ``chunk`` elements, with one more output
-  axis ``s`` of size ``S``; element ``j`` of chunk ``s`` is element ``s * chunk + j`` of the
-  original flat reduced range (row-major over its reduced dims). ``P`` sits first for outer
-  reductions (``[S, *out]``, so the kept contiguous axis stays innermost for its store and the
-  second stage's reads) and last for inner ones (``[*out, S]``).
+  axis ``s`` of size ``S``. For inner reductions element ``j`` of chunk ``s`` is element
+  ``s * chunk + j`` of the original flat reduced range (row-major over its reduced dims): each
+  program streams one contiguous run. Outer reductions interleave: element ``j`` of chunk ``s``
+  is element ``j * S + s``, so for one ``j`` the rows ``(s, c)`` of a tile are ``S * C``
+  consecutive elements in memory. With contiguous chunks a channels-last batch norm over 16
+  channels read runs of 16 elements (32 bytes) a chunk apart, and the first stage got
+  ``S * 16`` rows. ``argmax``/``argmin`` keep contiguous chunks: their ties go to the first
+  chunk, which must hold the first elements. ``P`` sits first for outer reductions
+  (``[S, *out]``, so the kept contiguous axis stays innermost for its store and the second
+  stage's reads) and last for inner ones (``[*out, S]``).
 - ``<name>``: the same op over the ``S`` partials (sum of sums, max of maxima, any of anys).
 
 So the scheduler fuses producers into ``P`` and epilogues after ``<name>`` as for any
@@ -36,6 +42,7 @@ from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK, acce
 from torchfuse.ir.expr import Const, IndexValue, Load, Op, Where, substitute_index
 from torchfuse.ir.graph import Buffer, Graph, Pointwise, Reduction
 from torchfuse.ir.symbols import FloorDiv, ModIndex, index_vars, product
+from torchfuse.scheduler.bodies import inline_producers
 
 INT64 = torch.int64
 
@@ -59,6 +66,7 @@ class Split:
     count: int  # S
     chunk: int
     outer: bool
+    interleaved: bool = False  # element j of chunk s is j * S + s (else s * chunk + j)
 
 
 def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy | None = None) -> list[str]:
@@ -68,9 +76,10 @@ def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy |
         One line per split, for the report.
     """
     policy = policy or POLICY
+    producers = {n.name: n for n in graph.nodes if isinstance(n, Pointwise)}
     nodes, notes = [], []
     for node in graph.nodes:
-        plan = plan_split(node, graph.buffers, policy) if isinstance(node, Reduction) and \
+        plan = plan_split(node, graph.buffers, policy, producers) if isinstance(node, Reduction) and \
             node.device.type in device_types else None
         if plan is None:
             nodes.append(node)
@@ -88,14 +97,21 @@ def _numel(shape) -> int | None:
     return int(total) if sympy.sympify(total).is_Integer else None
 
 
-def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy) -> Split | None:
-    """How to split ``node``, or None when one kernel already fills the GPU (or is small)."""
+def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
+               producers: dict[str, Pointwise] | None = None) -> Split | None:
+    """How to split ``node``, or None when one kernel already fills the GPU (or is small).
+
+    ``producers`` (pointwise nodes by name) are inlined before the reads vote on the
+    orientation, as the renderer sees them once the scheduler fuses them (tiling.py): a
+    batch norm's ``x.float()`` is its own node here, and its buffer's layout is not x's.
+    """
     outputs, reduced = _numel(node.shape), _numel(node.reduction_ranges)
     if outputs is None or reduced is None or outputs * reduced < policy.min_elements:
         return None
     x_vars = [v for v, s in zip(node.vars, node.shape) if s != 1]
     r_vars = [v for v, s in zip(node.reduction_vars, node.reduction_ranges) if s != 1]
-    outer = bool(r_vars) and is_outer(accesses([node.body], buffers, r_vars), x_vars, r_vars[-1])
+    body = inline_producers(node.body, (producers or {}).get)
+    outer = bool(r_vars) and is_outer(accesses([body], buffers, r_vars), x_vars, r_vars[-1])
     lanes = policy.outer_lanes if outer else 1
     unsplit_programs = -(-outputs // (OUTER_MIN_XBLOCK if outer else 1))  # the most the launcher makes
     min_chunk = max(2, policy.min_program_elements // lanes)
@@ -103,7 +119,8 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy)
         return None
     wanted = max(2, -(-policy.target_programs * lanes // outputs))
     chunk = _chunk_near(reduced, max(min_chunk, -(-reduced // wanted)))
-    return Split(-(-reduced // chunk), chunk, outer)
+    interleaved = outer and node.reduce_op not in ("argmax", "argmin")
+    return Split(-(-reduced // chunk), chunk, outer, interleaved)
 
 
 def _chunk_near(total: int, target: int) -> int:
@@ -139,7 +156,7 @@ def _first_stage(node: Reduction, plan: Split, graph: Graph, op: str, dtype: tor
     part_vars = index_vars(len(shape))
     chunk_var, out_vars = (part_vars[0], part_vars[1:]) if plan.outer else (part_vars[-1], part_vars[:-1])
     (j,) = index_vars(1, "r")
-    flat = chunk_var * plan.chunk + j
+    flat = j * plan.count + chunk_var if plan.interleaved else chunk_var * plan.chunk + j
     total = _numel(node.reduction_ranges)
     ragged = plan.count * plan.chunk != total
     # A ragged last chunk reads a clamped (valid) element and drops it with the identity.
