@@ -39,10 +39,9 @@ import sympy
 import torch
 
 from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK, accesses, is_outer
-from torchfuse.ir.expr import Const, IndexValue, Load, Op, Where, substitute_index
+from torchfuse.ir.expr import Const, Expr, IndexValue, Load, Op, Where, substitute_index, transform
 from torchfuse.ir.graph import Buffer, Graph, Pointwise, Reduction
 from torchfuse.ir.symbols import FloorDiv, ModIndex, index_vars, product
-from torchfuse.scheduler.bodies import inline_producers
 
 INT64 = torch.int64
 
@@ -101,16 +100,17 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
                producers: dict[str, Pointwise] | None = None) -> Split | None:
     """How to split ``node``, or None when one kernel already fills the GPU (or is small).
 
-    ``producers`` (pointwise nodes by name) are inlined before the reads vote on the
-    orientation, as the renderer sees them once the scheduler fuses them (tiling.py): a
-    batch norm's ``x.float()`` is its own node here, and its buffer's layout is not x's.
+    ``producers`` (pointwise nodes by name) are inlined, a few levels deep, before the reads
+    vote on the orientation, as the renderer sees them once the scheduler fuses them
+    (tiling.py): a batch norm's ``x.float()`` is its own node here, and its buffer's layout
+    is not x's.
     """
     outputs, reduced = _numel(node.shape), _numel(node.reduction_ranges)
     if outputs is None or reduced is None or outputs * reduced < policy.min_elements:
         return None
     x_vars = [v for v, s in zip(node.vars, node.shape) if s != 1]
     r_vars = [v for v, s in zip(node.reduction_vars, node.reduction_ranges) if s != 1]
-    body = inline_producers(node.body, (producers or {}).get)
+    body = _with_producers(node.body, producers or {})
     outer = bool(r_vars) and is_outer(accesses([body], buffers, r_vars), x_vars, r_vars[-1])
     lanes = policy.outer_lanes if outer else 1
     unsplit_programs = -(-outputs // (OUTER_MIN_XBLOCK if outer else 1))  # the most the launcher makes
@@ -121,6 +121,32 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
     chunk = _chunk_near(reduced, max(min_chunk, -(-reduced // wanted)))
     interleaved = outer and node.reduce_op not in ("argmax", "argmin")
     return Split(-(-reduced // chunk), chunk, outer, interleaved)
+
+
+# Levels of pointwise producers inlined for the orientation vote. Inlined whole, a chain that
+# reuses its values (a residual gradient through every layer of a backward graph) grows with
+# every level; the large reads of a fused reduction sit within the first few.
+INLINE_LEVELS = 3
+
+
+def _with_producers(body: Expr, producers: dict[str, Pointwise], levels: int = INLINE_LEVELS,
+                    memo: dict | None = None) -> Expr:
+    """``body`` with its direct loads of pointwise producers replaced by their bodies, up to
+    ``levels`` deep (each producer's inlined body computed once per level)."""
+    if levels == 0:
+        return body
+    memo = {} if memo is None else memo
+
+    def rewrite(node: Expr) -> Expr | None:
+        if not isinstance(node, Load) or node.is_indirect or node.buffer not in producers:
+            return None
+        producer = producers[node.buffer]
+        key = (producer.name, levels)
+        if key not in memo:
+            memo[key] = _with_producers(producer.body, producers, levels - 1, memo)
+        return substitute_index(memo[key], dict(zip(producer.vars, node.index)))
+
+    return transform(body, rewrite)
 
 
 def _chunk_near(total: int, target: int) -> int:
