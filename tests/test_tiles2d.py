@@ -148,6 +148,16 @@ def test_gathered_rows_next_to_a_transposed_read():
     run(lambda x, y, t, i: x.t() + y * t[i][:, None], x, y, table, idx, tiles=1)
 
 
+def test_int64_indexing(monkeypatch):
+    """Kernels touching buffers over 2**31 elements index in int64 (forced here on small ones)."""
+    from torchfuse.codegen.triton import kernel
+
+    monkeypatch.setattr(kernel, "_needs_int64", lambda *args: True)
+    x = floats((3, 20, 7, 9), torch.float32, seed=36)
+    run(lambda x: x.contiguous(memory_format=torch.channels_last) - 1, x, tiles=1)
+    assert "tl.program_id(0).to(tl.int64)" in tiled_kernels()[0]
+
+
 def test_dynamic_sizes_fall_back_to_one_dimension():
     x, y = floats((33, 65), torch.float32, seed=32), floats((65, 33), torch.float32, seed=33)
     run(lambda x, y: x.t() + y, x, y, tiles=0, dynamic=True)
