@@ -97,6 +97,17 @@ def test_key_transpose_in_batches():
     run(lambda k: k.transpose(-1, -2).contiguous() * 0.5, k, tiles=1)
 
 
+def test_index_values_along_every_group():
+    """Positions (aranges) along the tile's axes and along the batch rows outside it."""
+    k = floats((3, 2, 40, 24), torch.float32, seed=37)
+
+    def fn(k):
+        b, h, s, d = k.shape
+        batch = torch.arange(b, device=k.device).view(b, 1, 1, 1) * 100.0
+        return k.transpose(-1, -2).contiguous() + batch + torch.arange(d, device=k.device).view(d, 1) + torch.arange(s, device=k.device)
+    run(fn, k, tiles=1)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64], ids=dtype_id)
 def test_float_dtypes(dtype):
     x, y = floats((36, 50), dtype, seed=17), floats((50, 36), dtype, seed=18)
