@@ -95,10 +95,11 @@ class KernelRenderer:
         self.tile = "[RBLOCK, XBLOCK]" if self.outer else "[XBLOCK, RBLOCK]"
         self.row_shape = "[1, XBLOCK]" if self.outer else "[XBLOCK, 1]"
         self.r_axis = 0 if self.outer else 1
-        self.flat = flat_var_map(x_ranges, x_vars, XINDEX)
-        self.flat.update(flat_var_map(kernel.r_ranges, kernel.r_vars, RINDEX))
         if self.tile2d is not None:
             self.flat = self._tile_var_map(self.tile2d)
+        else:
+            self.flat = flat_var_map(x_ranges, x_vars, XINDEX)
+            self.flat.update(flat_var_map(kernel.r_ranges, kernel.r_vars, RINDEX))
         self.members = {m.node.name: m for m in kernel.members}
         self.pointers: dict[str, str] = {}
         self.scalars: dict[str, str] = {}  # buffer -> parameter holding its value
