@@ -9,6 +9,8 @@ tests/test_coalescing.py. On CPU the kernels run in Triton's interpreter.
 """
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -174,6 +176,35 @@ def test_dynamic_sizes_fall_back_to_one_dimension():
     run(lambda x, y: x.t() + y, x, y, tiles=0, dynamic=True)
     x, y = floats((40, 70), torch.float32, seed=34), floats((70, 40), torch.float32, seed=35)
     check_outputs(lambda x, y: x.t() + y, x, y, compiled=compile_triton(lambda x, y: x.t() + y, dynamic=True))
+
+
+def _permutations(count: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(shape, permutation) pairs of 2-5 dims, sizes from 1 to 40: runs too short to tile and
+    long ones, several rows per run, size-1 rows, batch rows outside the tile."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        shape = [rng.choice([1, 2, 5, 17, 24, 33, 40]) for _ in range(rng.randint(2, 5))]
+        perm = list(range(len(shape)))
+        rng.shuffle(perm)
+        cases.append((shape, perm))
+    return cases
+
+
+def test_random_permutations():
+    """``relu(x.permute(p).contiguous() * 2 + y)``: exact, tiled or not (some must be)."""
+    tiled = 0
+    for k, (shape, perm) in enumerate(_permutations(10, seed=4)):
+        torchfuse.reset()
+        x = floats(shape, torch.float32, specials=[], seed=k)
+        y = floats([shape[p] for p in perm], torch.float32, specials=[], seed=100 + k)
+
+        def fn(x, y, perm=perm):
+            return torch.relu(x.permute(*perm).contiguous() * 2 + y)
+        got = compile_triton(fn)(x, y)
+        assert not compare(got, fn(x, y), name=f"{shape} permuted {perm}")
+        tiled += len(tiled_kernels())
+    assert tiled >= 2
 
 
 @pytest.mark.gpu
