@@ -8,6 +8,12 @@ would pick. Neighbouring lanes of a warp hold neighbouring elements of a tile's 
 - every load and store of a large buffer must step by 1 along that axis (coalesced); the step
   may jump where one contiguous run of the buffer ends and the next starts, at most once in
   32 lanes;
+- except in a pointwise kernel tiled in 2-D ([YBLOCK, XBLOCK], codegen/triton/tiles2d.py),
+  where each access may do so along either axis instead: on a GPU Triton gives every load
+  and store its own layout, its lanes along the axis its pointer is contiguous in (its
+  coalescing pass orders each access's axes by the contiguity its axis analysis finds), and
+  moves values between the layouts through shared memory. The rule is the same (steps of 1,
+  at most one jump in 32 lanes), so that axis holds runs of 32 elements or more;
 - a kernel reading a large input must launch at least as many programs as an H200 has SMs
   (a reduction with few outputs is split, or tiles more finely).
 
@@ -63,6 +69,24 @@ def bn_add_relu(x, scale, shift, residual):
     return torch.relu(x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1) + residual)
 
 
+def transposed_add(x, y):
+    return x.t() + y
+
+
+def bhsd_to_bshd(q):
+    """Attention's heads back into the hidden dim: [B, H, S, D] -> [B, S, H * D], a copy."""
+    b, h, s, d = q.shape
+    return q.permute(0, 2, 1, 3).reshape(b, s, h * d)
+
+
+def to_channels_last(x):
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def to_contiguous(x):
+    return x.contiguous()
+
+
 def _channels_last(*shape):
     return torch.randn(*shape).to(memory_format=torch.channels_last)
 
@@ -76,7 +100,15 @@ CASES = {
                               lambda: (_channels_last(64, 16, 56, 56).to(torch.bfloat16),)),
     "bn_add_relu_channels_last": (bn_add_relu, lambda: (_channels_last(32, 64, 28, 28), torch.randn(64),
                                                         torch.randn(64), _channels_last(32, 64, 28, 28))),
+    "transposed_add": (transposed_add, lambda: (torch.randn(4096, 4096), torch.randn(4096, 4096))),
+    "bhsd_to_bshd": (bhsd_to_bshd, lambda: (torch.randn(8, 12, 512, 64, dtype=torch.bfloat16),)),
+    "nchw_to_channels_last": (to_channels_last, lambda: (torch.randn(32, 64, 56, 56, dtype=torch.bfloat16),)),
+    "channels_last_to_nchw": (to_contiguous, lambda: (_channels_last(32, 64, 56, 56),)),
+    "key_transpose": (lambda k: k.transpose(-1, -2).contiguous(),
+                      lambda: (torch.randn(8, 12, 512, 64, dtype=torch.bfloat16),)),
 }
+# Cases whose 1-D kernel would read (or write) across its lanes: each must be tiled in 2-D.
+TILED = {"transposed_add", "nchw_to_channels_last", "channels_last_to_nchw", "key_transpose"}
 
 
 def _rendered(fn, args):
@@ -115,14 +147,33 @@ class _Pid(int):
         return self
 
 
+INDEX_NAMES = ("pid", "xtiles", "ytiles", "zindex", "yindex", "xindex", "rindex")
+
+
 def _index_lines(source: str) -> dict[str, str]:
-    """The right-hand sides of the lines defining xindex and rindex (the last one of each)."""
+    """The right-hand sides of the lines defining the program's indices (the last one of each),
+    in the order they are first defined."""
     found = {}
     for line in source.splitlines():
-        match = re.match(r"\s*(xindex|rindex) = (.*)$", line)
+        match = re.match(rf"\s*({'|'.join(INDEX_NAMES)}) = (.*)$", line)
         if match:
             found[match.group(1)] = match.group(2)
     return found
+
+
+def _launcher(rendered) -> Launcher:
+    return Launcher(None, rendered.kind, rendered.persistent, direct=False, outer=rendered.outer, tile=rendered.tile)
+
+
+def _unit_stride(offset: np.ndarray, mask: np.ndarray, axis: int) -> tuple[bool, np.ndarray]:
+    """Whether ``offset`` steps by 1 between neighbours along ``axis`` of the tile (at most one
+    jump in 32, between unmasked neighbours), and the steps seen."""
+    ahead = [slice(None)] * mask.ndim
+    behind = [slice(None)] * mask.ndim
+    ahead[axis], behind[axis] = slice(1, None), slice(None, -1)
+    both = mask[tuple(ahead)] & mask[tuple(behind)]
+    steps = (offset[tuple(ahead)] - offset[tuple(behind)])[both]
+    return not (steps.size and np.mean(steps != 1) > 1 / 32), steps
 
 
 def _offsets(source: str) -> list[tuple[str, str, str]]:
@@ -141,10 +192,11 @@ def _offsets(source: str) -> list[tuple[str, str, str]]:
 def _check_kernel(kernel, rendered, buffers) -> list[str]:
     """Problems of one kernel: large accesses that do not step by 1 along the tile's last axis."""
     xnumel, rnumel = int(rendered.xnumel), int(rendered.rnumel)
-    launcher = Launcher(None, rendered.kind, rendered.persistent, direct=False, outer=rendered.outer)
-    config = launcher.config(xnumel, rnumel)
-    blocks = dict(zip(("XBLOCK", "RBLOCK"), config.constexprs))
+    config = _launcher(rendered).config(xnumel, rnumel)
+    blocks = config.blocks()
     lines = _index_lines(rendered.source)
+    # The tile axes an access may walk: the last, or either of a 2-D tiled pointwise kernel's.
+    axes = (1, 0) if rendered.tile is not None else (-1,)
     pointers = {f"ptr{i}": name for i, name in enumerate(rendered.pointer_args)}
     large = xnumel * max(rnumel, 1) // 4
     problems = []
@@ -152,21 +204,27 @@ def _check_kernel(kernel, rendered, buffers) -> list[str]:
         for roffset in sorted({0, (rnumel // 2) // blocks.get("RBLOCK", 1) * blocks.get("RBLOCK", 1)}):
             _FakeTl.pid = pid
             scope = {"tl": _FakeTl, "roffset": roffset, **blocks}
-            xindex = eval(lines["xindex"], scope)
-            rindex = eval(lines["rindex"], scope) if "rindex" in lines else np.zeros((1,) * xindex.ndim, np.int64)
-            mask = (xindex < xnumel) & (rindex < max(rnumel, 1))
+            for name, text in lines.items():
+                scope[name] = eval(text, scope)
+            xindex = scope["xindex"]
+            rindex = scope.get("rindex", np.zeros((1,) * xindex.ndim, np.int64))
+            if rendered.tile is not None:
+                _, ynumel, x_extent = rendered.tile
+                mask = (scope["yindex"] < ynumel) & (xindex < x_extent)
+            else:
+                mask = (xindex < xnumel) & (rindex < max(rnumel, 1))
             for kind, pointer, text in _offsets(rendered.source):
                 buffer = buffers[pointers[pointer]]
                 if int(buffer.numel) < large:
                     continue
                 try:
-                    offset = np.broadcast_to(eval(text, {**scope, "xindex": xindex, "rindex": rindex}), mask.shape)
+                    offset = np.broadcast_to(eval(text, {**scope, "rindex": rindex}), mask.shape)
                 except NameError:  # gathered: needs a loaded value
                     continue
-                both = mask[..., 1:] & mask[..., :-1]
-                steps = (offset[..., 1:] - offset[..., :-1])[both]
-                if steps.size and np.mean(steps != 1) > 1 / 32:
-                    problems.append(f"{kernel.name} {kind} of {buffer.name}: steps {np.unique(steps)[:6]} along the "
+                found = [_unit_stride(offset, mask, axis) for axis in axes]
+                if not any(ok for ok, _ in found):
+                    steps = np.unique(np.concatenate([s for _, s in found]))[:6]
+                    problems.append(f"{kernel.name} {kind} of {buffer.name}: steps {steps} along the "
                                     f"lanes' axis of a {list(mask.shape)} tile (pid {pid}, roffset {roffset})")
     return problems
 
@@ -188,8 +246,7 @@ def test_kernels_reading_a_large_input_fill_the_gpu(case):
     readers = [(k, r) for k, r in kernels if inputs & set(r.pointer_args)]
     assert readers
     for kernel, rendered in readers:
-        launcher = Launcher(None, rendered.kind, rendered.persistent, direct=False, outer=rendered.outer)
-        grid = launcher.config(int(rendered.xnumel), int(rendered.rnumel)).grid
+        grid = _launcher(rendered).config(int(rendered.xnumel), int(rendered.rnumel)).grid
         assert grid >= H200_SMS, f"{kernel.name}: {grid} programs\n{rendered.source}"
 
 
@@ -201,3 +258,78 @@ def test_a_scalar_reduction_runs_in_two_stages():
     first, second = reductions
     assert int(first.xnumel) >= H200_SMS and int(second.xnumel) == 1
     assert int(first.xnumel) * int(first.rnumel) >= 4096 * 2048
+
+
+@pytest.mark.parametrize("case", sorted(TILED))
+def test_kernels_whose_reads_and_store_disagree_are_tiled(case):
+    """The 2-D model above is only granted to kernels rendered as 2-D tiles; and those tiles are
+    at least 32 elements along each axis (a warp's lanes along either run)."""
+    fn, make = CASES[case]
+    _, kernels = _rendered(fn, make())
+    (rendered,) = [r for _, r in kernels]
+    assert rendered.tile is not None, rendered.source
+    config = _launcher(rendered).config(int(rendered.xnumel), 0)
+    assert min(config.constexprs) >= 32 and config.names == ("YBLOCK", "XBLOCK")
+
+
+@pytest.mark.parametrize("case", sorted(set(CASES) - TILED))
+def test_kernels_whose_reads_and_store_agree_stay_one_dimensional(case):
+    fn, make = CASES[case]
+    _, kernels = _rendered(fn, make())
+    assert all(r.tile is None for _, r in kernels), [r.source for _, r in kernels]
+
+
+
+BLOCKED = re.compile(r"^#(\w+) = #ttg\.blocked<\{.*order = \[([\d, ]+)\]")
+MEMORY_OP = re.compile(r"tt\.(?:load|store) .*: tensor<(?:\d+x)+!tt\.ptr<\w+>, #(\w+)>")
+GLOBAL_ACCESS = re.compile(r"\b(?:ld|st)\.global(?:\.\w+)*?(?:\.v(\d))?\.b(\d+)\b")
+
+
+def _compile_for_sm90(rendered, graph):
+    """The kernel compiled by Triton for an H100/H200 (sm_90; no GPU needed), as the first
+    launch on the GPU would compile it."""
+    import dataclasses
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from torchfuse.runtime import kernel_cache, triton_ahead
+    from torchfuse.runtime.launch import PointerArg
+    from torchfuse.runtime.predict import PredictedLaunch
+
+    target = triton_ahead.Target("cuda", 90, 32)
+    kernel = dataclasses.replace(rendered, device="cuda")
+    fn = kernel_cache.load_kernel(kernel.source, kernel.function, interpret=False)
+    args = tuple(PointerArg(graph.buffers[name].dtype, True) for name in kernel.pointer_args)
+    spec = triton_ahead.specialize(fn, kernel, PredictedLaunch(int(kernel.xnumel), 0, args), target)
+    return triton.compile(ASTSource(fn, spec.signature, spec.constexprs, spec.attrs),
+                          target=GPUTarget(target.backend, target.arch, target.warp_size),
+                          options={"num_warps": spec.options["num_warps"]})
+
+
+def _memory_orders(ttgir: str) -> set[tuple[int, ...]]:
+    """The layout order (fastest axis first) of every tt.load / tt.store."""
+    layouts, found = {}, set()
+    for line in ttgir.splitlines():
+        if match := BLOCKED.match(line):
+            layouts[match.group(1)] = tuple(int(v) for v in match.group(2).split(","))
+        elif match := MEMORY_OP.search(line):
+            found.add(layouts[match.group(1)])
+    return found
+
+
+@pytest.mark.parametrize("case", sorted(TILED))
+def test_triton_coalesces_both_sides_of_a_tile(case):
+    """What the 2-D model above relies on, from Triton's compiler itself (sm_90): the read and
+    the store of a tiled kernel get layouts of opposite orders (a conversion through shared
+    memory between them), and every global load and store instruction moves 16 bytes, which
+    Triton emits only where its axis analysis proved each thread's elements contiguous. The
+    1-D kernels of these cases read with scalar instructions, one element per lane."""
+    fn, make = CASES[case]
+    graph, kernels = _rendered(fn, make())
+    (rendered,) = [r for _, r in kernels]
+    compiled = _compile_for_sm90(rendered, graph)
+    assert _memory_orders(compiled.asm["ttgir"]) == {(0, 1), (1, 0)}
+    widths = [int(lanes or 1) * int(bits) for lanes, bits in GLOBAL_ACCESS.findall(compiled.asm["ptx"])]
+    assert widths and all(w == 128 for w in widths), (sorted(set(widths)), rendered.source)

@@ -70,6 +70,22 @@ def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary()
     assert fn.compiled[0].calls == [(1, 1, 1, 77, 1234, ("meta",), None, None, None, x, out, 5, 8, 8, 8, 8)]
 
 
+def test_2d_tiles_fill_the_gpu_and_launch_like_1d_kernels():
+    # 64 x 64 tiles while the grid fills 132 SMs twice; each side shrinks, not below 32, until it does.
+    assert launch.tile_config(1, 4096, 4096) == launch.Config(4096, (64, 64), 8, ("YBLOCK", "XBLOCK"))
+    assert launch.tile_config(32, 3136, 64) == launch.Config(1568, (64, 64), 8, ("YBLOCK", "XBLOCK"))
+    assert launch.tile_config(1, 512, 256) == launch.Config(128, (32, 32), 4, ("YBLOCK", "XBLOCK"))
+    assert launch.tile_config(3, 20, 33) == launch.Config(3, (32, 64), 4, ("YBLOCK", "XBLOCK"))  # small: kept
+    fn = FakeJit()
+    launcher = Launcher(fn, "pointwise", direct=True, current_device=lambda: 0, current_stream=lambda device: 7,
+                        tile=(2, 96, 80))
+    x, out = torch.zeros(2 * 96 * 80), torch.zeros(2 * 96 * 80)
+    launcher(2 * 96 * 80, 0, x, out)
+    launcher(2 * 96 * 80, 0, x, out)
+    assert fn.launches == [((2 * 2 * 2,), (x, out, 15360), {"YBLOCK": 64, "XBLOCK": 64, "num_warps": 8})]
+    assert fn.compiled[0].calls == [(8, 1, 1, 7, 1234, ("meta",), None, None, None, x, out, 15360, 64, 64)]
+
+
 @pytest.mark.parametrize("change", ["misaligned pointer", "other dtype", "int 1", "multiple of 16", "other size",
                                     "other device"])
 def test_a_new_specialization_compiles_its_own_binary(change):

@@ -82,6 +82,17 @@ def bn_stats_channels_last(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return torch.var_mean(x, (0, 2, 3), correction=0)
 
 
+def transpose_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A transposed operand (a gradient of ``x.t()``, a weight update through a transpose): the
+    read and the store are contiguous along different axes (2-D tiles, issue 16)."""
+    return x.t() + y
+
+
+def nchw_to_channels_last(x: torch.Tensor) -> torch.Tensor:
+    """The copy in front of a channels-last network: NCHW in, NHWC out (2-D tiles, issue 16)."""
+    return x.contiguous(memory_format=torch.channels_last)
+
+
 def _randn(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype,
            gen: torch.Generator) -> torch.Tensor:
     # Draw on the CPU in float32 so the numbers do not depend on device or dtype.
@@ -134,6 +145,17 @@ def _bn_stats_inputs(device: torch.device | str, dtype: torch.dtype, size: str, 
     return (x.contiguous(memory_format=torch.channels_last),)
 
 
+def _transpose_add_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    rows, cols = ROWS_COLS[size]
+    return _randn((cols, rows), device, dtype, gen), _randn((rows, cols), device, dtype, gen)
+
+
+def _nchw_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    rows, cols = ROWS_COLS[size]
+    side = 32 if size == "bench" else 8  # bench: [128, 256, 32, 32], 67 MB of bf16
+    return (_randn((max(2, rows // 128), cols // 16, side, side), device, dtype, gen),)
+
+
 @dataclass(frozen=True)
 class Pattern:
     """One benchmark/test case: fn(*make_inputs(device, dtype, size))."""
@@ -160,6 +182,8 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("mse_loss", mse_loss, _mse_inputs),
     Pattern("column_sum", column_sum, _column_sum_inputs),
     Pattern("bn_stats_channels_last", bn_stats_channels_last, _bn_stats_inputs),
+    Pattern("transpose_add", transpose_add, _transpose_add_inputs),
+    Pattern("nchw_to_channels_last", nchw_to_channels_last, _nchw_inputs),
 )
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
 

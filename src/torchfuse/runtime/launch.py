@@ -32,6 +32,9 @@ LOOPED_RBLOCK = 1024
 # contiguous bytes per reduced index; XBLOCK shrinks to OUTER_MIN_XBLOCK to reach MIN_PROGRAMS.
 OUTER_XBLOCK, OUTER_TILE = 128, 2048
 SMALL_KERNEL = 1 << 16  # elements
+# 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
+# kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
+TILE_SIDE, TILE_MIN_SIDE = 64, 32
 
 # Launches through Triton hold this lock. Triton's interpreter (kernels on CPU tensors) patches
 # triton.language for the duration of a launch and restores it afterwards: two threads
@@ -80,11 +83,35 @@ class Config:
     grid: int
     constexprs: tuple[int, ...]  # XBLOCK (and RBLOCK), in the kernel's parameter order
     num_warps: int
+    names: tuple[str, ...] = ("XBLOCK", "RBLOCK")  # of the constexprs (a 2-D tile: YBLOCK, XBLOCK)
+
+    def blocks(self) -> dict[str, int]:
+        """The block sizes by parameter name."""
+        return dict(zip(self.names, self.constexprs))
 
 
 def pointwise_config(xnumel: int) -> Config:
     block = min(MAX_POINTWISE_BLOCK, max(16, next_power_of_2(xnumel)))
     return Config(cdiv(xnumel, block), (block,), 4 if block >= 256 else 2)
+
+
+def tile_config(znumel: int, ynumel: int, xnumel: int) -> Config:
+    """Grid and (YBLOCK, XBLOCK) of a 2-D tiled pointwise kernel: ``znumel`` tile positions of a
+    ``ynumel`` x ``xnumel`` plane, one program per tile, shrunk like the other kernels while the
+    grid has fewer than MIN_PROGRAMS programs."""
+    yblock = min(TILE_SIDE, max(16, next_power_of_2(ynumel)))
+    xblock = min(TILE_SIDE, max(16, next_power_of_2(xnumel)))
+
+    def grid() -> int:
+        return znumel * cdiv(ynumel, yblock) * cdiv(xnumel, xblock)
+
+    if znumel * ynumel * xnumel >= SMALL_KERNEL:
+        while grid() < MIN_PROGRAMS and max(yblock, xblock) > TILE_MIN_SIDE:
+            if yblock >= xblock:
+                yblock //= 2
+            else:
+                xblock //= 2
+    return Config(grid(), (yblock, xblock), 8 if yblock * xblock >= 4096 else 4, ("YBLOCK", "XBLOCK"))
 
 
 def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = False) -> Config:
@@ -132,15 +159,19 @@ class Launcher:
         kind: "pointwise" or "reduction".
         persistent: a reduction that holds its whole row in one tile.
         outer: a reduction tiled [RBLOCK, XBLOCK], lanes along the rows (codegen/triton/tiling.py).
+        tile: a pointwise kernel tiled [YBLOCK, XBLOCK]: its (Z, Y, X) extents
+            (codegen/triton/tiles2d.py); it launches like a 1-D one, with (xnumel, 0, args).
     """
 
     def __init__(self, fn: Any, kind: str, persistent: bool = False, direct: bool | None = None,
                  current_device: Callable[[], int] | None = None,
-                 current_stream: Callable[[int], int] | None = None, outer: bool = False) -> None:
+                 current_stream: Callable[[int], int] | None = None, outer: bool = False,
+                 tile: tuple[int, int, int] | None = None) -> None:
         self.fn = fn
         self.kind = kind
         self.persistent = persistent
         self.outer = outer
+        self.tile = tile
         # (device, xnumel, rnumel, specialization of each argument) -> a direct launch: a binary
         # is loaded per device, and Triton launches on the current device's current stream.
         self.binaries: dict[tuple, Callable[..., None]] = {}
@@ -173,11 +204,9 @@ class Launcher:
                 return
         config = self.config(xnumel, rnumel)
         numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
-        names = ("XBLOCK", "RBLOCK")[:len(config.constexprs)]
         with _launch_lock:
             stats.through_triton += 1
-            compiled = self.fn[(config.grid,)](*args, *numels, **dict(zip(names, config.constexprs)),
-                                               num_warps=config.num_warps)
+            compiled = self.fn[(config.grid,)](*args, *numels, **config.blocks(), num_warps=config.num_warps)
         if key is not None and compiled is not None:
             self.binaries[key] = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
 
@@ -201,6 +230,8 @@ class Launcher:
         return launch
 
     def config(self, xnumel: int, rnumel: int) -> Config:
+        if self.tile is not None:
+            return tile_config(*self.tile)
         if self.kind == "pointwise":
             return pointwise_config(xnumel)
         return reduction_config(self.persistent, xnumel, rnumel, self.outer)

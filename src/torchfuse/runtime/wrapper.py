@@ -288,7 +288,7 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
     for name, value in constants.items():
         if isinstance(value, TritonKernel):
             kernel = value
-            value = Launcher(launchers[kernel.name], kernel.kind, kernel.persistent, outer=kernel.outer)
+            value = Launcher(launchers[kernel.name], kernel.kind, kernel.persistent, outer=kernel.outer, tile=kernel.tile)
             if ahead and kernel.name in ahead:
                 launch, load = ahead[kernel.name]
                 value.prepare(launch.xnumel, launch.rnumel, launch.args, load)

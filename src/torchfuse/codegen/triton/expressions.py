@@ -14,6 +14,10 @@ from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where, in
 from torchfuse.ir.graph import Buffer
 from torchfuse.ir.symbols import simplify_index, size_symbols
 
+# First letters of the index symbols that are blocks (xindex, rindex, and a 2-D tile's yindex);
+# anything else in an index (sizes, a tile's per-program zindex) is a scalar.
+TENSOR_INDEX_PREFIXES = ("x", "r", "y")
+
 
 @dataclass
 class Value:
@@ -58,7 +62,7 @@ class ExpressionWriter(CseWriter):
             return Value(_literal(expr.value, expr.dtype), False)
         if isinstance(expr, IndexValue):
             text = self.index_text(expr.index)
-            is_tensor = any(s.name[:1] in "xr" for s in expr.index.free_symbols)
+            is_tensor = any(s.name[:1] in TENSOR_INDEX_PREFIXES for s in expr.index.free_symbols)
             return self._assign(f"{text}" if is_tensor else text, is_tensor, scope, cast=expr.dtype)
         if isinstance(expr, Load):
             return self._emit_load(expr, scope)
@@ -123,12 +127,12 @@ class ExpressionWriter(CseWriter):
                 gathered = self.tensor(entry, scope)
                 offset_terms.append(f"({gathered}) * {print_index(stride)}")
                 # The masks of the loop variables the gathered value itself depends on.
-                loop_vars |= {sym.name[0] for sym in index_symbols(entry) if sym.name[:1] in "xr"}
+                loop_vars |= {sym.name[0] for sym in index_symbols(entry) if sym.name[:1] in TENSOR_INDEX_PREFIXES}
                 self._note_sizes(stride)
             else:
                 direct = direct + entry * stride
         direct = simplify_index(direct)
-        loop_vars |= {s.name[0] for s in direct.free_symbols if s.name[:1] in "xr"}
+        loop_vars |= {s.name[0] for s in direct.free_symbols if s.name[:1] in TENSOR_INDEX_PREFIXES}
         offset = " + ".join([self.index_text(direct)] + offset_terms)
         mask = self.mask_for(loop_vars)
         other = ", other=0" if mask else ""

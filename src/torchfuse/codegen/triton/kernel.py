@@ -1,6 +1,8 @@
 """Render one ``FusedKernel`` as a Triton kernel.
 
-Pointwise kernels walk a flat ``xindex``; reduction kernels tile ``[XBLOCK, RBLOCK]`` with
+Pointwise kernels walk a flat ``xindex`` in their store's memory order, or a 2-D tile
+``[YBLOCK, XBLOCK]`` when a large read is contiguous along another row than the store
+(``tiles2d.py``); reduction kernels tile ``[XBLOCK, RBLOCK]`` with
 rows on axis 0 when the reduced axis is contiguous (*inner*), or ``[RBLOCK, XBLOCK]`` with
 rows on the lanes' axis when a kept axis is (*outer*: column sums, bias gradients; see
 ``tiling.py``). A reduction is *persistent* (the whole row in one tile, everything in
@@ -20,6 +22,7 @@ from torchfuse.codegen.layout import store_order
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
+from torchfuse.codegen.triton.tiles2d import Tile2D, pointwise_tile
 from torchfuse.codegen.triton.tiling import reduction_tiling
 from torchfuse.ir.devices import is_kernel_scalar
 from torchfuse.ir.expr import Expr, Load, loads, substitute_index
@@ -29,6 +32,9 @@ from torchfuse.scheduler.kernel import FusedKernel, KernelMember
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+# A 2-D tiled pointwise kernel (tiles2d.py): the read's run on tile axis 0, rows outside the tile.
+YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)
+ZINDEX = sympy.Symbol("zindex", integer=True, nonnegative=True)
 INT32_LIMIT = 2**31 - 1
 # An outer tile holds RBLOCK x XBLOCK with XBLOCK >= 32 lanes along the rows, so a persistent
 # outer reduction fits 4096 elements only for short reduced axes.
@@ -55,6 +61,9 @@ class TritonKernel:
     # kernels (every layer of a transformer, forward and backward) have one source and compile once.
     function: str = ""
     outer: bool = False  # a reduction tiled [RBLOCK, XBLOCK]: lanes walk the rows (tiling.py)
+    # A pointwise kernel tiled [YBLOCK, XBLOCK] (tiles2d.py): (Z, Y, X), its programs per tile
+    # position and the extent of each tile axis, literals in its source; None for 1-D kernels.
+    tile: tuple[int, int, int] | None = None
 
 
 def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
@@ -74,17 +83,23 @@ class KernelRenderer:
         self.buffers = buffers
         self.is_reduction = kernel.kind == "reduction"
         self.outer = False
+        self.tile2d: Tile2D | None = None
         if self.is_reduction:
             tiling = reduction_tiling(kernel, buffers)
             x_vars, x_ranges, self.outer = tiling.x_vars, tiling.x_ranges, tiling.outer
         else:
-            x_vars, x_ranges = self._row_order(kernel, buffers)
+            store = self._store_offset(kernel, buffers)
+            x_vars, x_ranges = store_order(list(kernel.x_vars), list(kernel.x_ranges), store)
+            self.tile2d = pointwise_tile(kernel, buffers, store)
         # Tile text: rows on axis 0 (inner) or on the lanes' axis 1 (outer); reduce the other.
         self.tile = "[RBLOCK, XBLOCK]" if self.outer else "[XBLOCK, RBLOCK]"
         self.row_shape = "[1, XBLOCK]" if self.outer else "[XBLOCK, 1]"
         self.r_axis = 0 if self.outer else 1
-        self.flat = flat_var_map(x_ranges, x_vars, XINDEX)
-        self.flat.update(flat_var_map(kernel.r_ranges, kernel.r_vars, RINDEX))
+        if self.tile2d is not None:
+            self.flat = self._tile_var_map(self.tile2d)
+        else:
+            self.flat = flat_var_map(x_ranges, x_vars, XINDEX)
+            self.flat.update(flat_var_map(kernel.r_ranges, kernel.r_vars, RINDEX))
         self.members = {m.node.name: m for m in kernel.members}
         self.pointers: dict[str, str] = {}
         self.scalars: dict[str, str] = {}  # buffer -> parameter holding its value
@@ -93,21 +108,29 @@ class KernelRenderer:
         limit = min(persistent_limit, OUTER_PERSISTENT_LIMIT) if self.outer else persistent_limit
         self.persistent = self.is_reduction and 0 < rnumel_hint <= limit
         self.int64 = _needs_int64(kernel, buffers, size_hint)
+        two_d = self.is_reduction or self.tile2d is not None
         self.writer = ExpressionWriter(buffers, self._pointer, self._mask, self._resolve_load,
-                                       "[1, 1]" if self.is_reduction else "[1]")
+                                       "[1, 1]" if two_d else "[1]")
 
     @staticmethod
-    def _row_order(kernel: FusedKernel, buffers: dict[str, Buffer]) -> tuple[list, list]:
-        """The order of the rows inside the flat ``xindex`` of a pointwise kernel: its first
-        store with unit stride innermost (``codegen.layout``), so that neighbouring lanes write
-        neighbouring elements (reductions: ``tiling.py``)."""
+    def _store_offset(kernel: FusedKernel, buffers: dict[str, Buffer]) -> sympy.Expr | None:
+        """The first store's offset in kernel variables. A pointwise kernel's rows enter the flat
+        ``xindex`` with its unit-stride row innermost (``codegen.layout``), so that neighbouring
+        lanes write neighbouring elements (reductions: ``tiling.py``)."""
         stored = [m for m in kernel.members if m.stored]
         if not stored:
-            return list(kernel.x_vars), list(kernel.x_ranges)
+            return None
         node = stored[0].node
         buffer = buffers[node.name]
-        offset = buffer.flat_offset(tuple(stored[0].var_map.get(v, v) for v in node.vars)) - buffer.offset
-        return store_order(list(kernel.x_vars), list(kernel.x_ranges), offset)
+        return buffer.flat_offset(tuple(stored[0].var_map.get(v, v) for v in node.vars)) - buffer.offset
+
+    @staticmethod
+    def _tile_var_map(tile: Tile2D) -> dict[sympy.Symbol, sympy.Expr]:
+        """Each kernel row from ``zindex`` (outside the tile), ``yindex`` or ``xindex``."""
+        mapping = flat_var_map(list(tile.z_ranges), list(tile.z_vars), ZINDEX)
+        mapping.update(flat_var_map(list(tile.y_ranges), list(tile.y_vars), YINDEX))
+        mapping.update(flat_var_map(list(tile.x_ranges), list(tile.x_vars), XINDEX))
+        return mapping
 
     # -- hooks for the expression writer --------------------------------------------------
     def _pointer(self, buffer: str) -> str:
@@ -116,8 +139,8 @@ class KernelRenderer:
         return self.pointers[buffer]
 
     def _mask(self, loop_vars: set[str]) -> str:
-        masks = [m for v, m in (("x", "xmask"), ("r", "rmask")) if v in loop_vars]
-        if not self.is_reduction:
+        masks = [m for v, m in (("y", "ymask"), ("x", "xmask"), ("r", "rmask")) if v in loop_vars]
+        if not self.is_reduction and self.tile2d is None:
             masks = ["xmask"] if "x" in loop_vars else []
         return (", " + " & ".join(masks)) if masks else ""
 
@@ -148,12 +171,16 @@ class KernelRenderer:
             # member may write a mutated input in place (scheduler/in_place.py).
             stored = [m for m in self.kernel.members if m.stored]
             values = [self.writer.tensor(self.flat_body(m), top) for m in stored]
+            mask = "ymask & xmask" if self.tile2d is not None else "xmask"
             for member, value in zip(stored, values):
-                self._store(member, value, top, "xmask")
+                self._store(member, value, top, mask)
         return self._finish(lines)
 
     def _emit_prologue(self, scope: Scope) -> None:
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        if self.tile2d is not None:
+            self._emit_tile_prologue(pid, scope)
+            return
         if self.is_reduction:
             scope.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK){self._axis_suffix('x')}")
         else:
@@ -162,6 +189,20 @@ class KernelRenderer:
         if self.persistent:
             scope.emit(f"rindex = tl.arange(0, RBLOCK){self._axis_suffix('r')}")
             scope.emit("rmask = rindex < rnumel")
+
+    def _emit_tile_prologue(self, pid: str, scope: Scope) -> None:
+        """A 2-D tile's indices: the one program id is (z, y tile, x tile), x fastest; the
+        sizes are literals (only static sizes are tiled), so the tile counts fold at compile time."""
+        znumel, ynumel, xnumel = self.tile2d.numels
+        scope.emit(f"pid = {pid}")
+        scope.emit(f"xtiles = ({xnumel} + XBLOCK - 1) // XBLOCK")
+        scope.emit(f"ytiles = ({ynumel} + YBLOCK - 1) // YBLOCK")
+        if znumel > 1:
+            scope.emit("zindex = pid // (xtiles * ytiles)")
+        scope.emit("yindex = (pid // xtiles) % ytiles * YBLOCK + tl.arange(0, YBLOCK)[:, None]")
+        scope.emit(f"ymask = yindex < {ynumel}")
+        scope.emit("xindex = pid % xtiles * XBLOCK + tl.arange(0, XBLOCK)[None, :]")
+        scope.emit(f"xmask = xindex < {xnumel}")
 
     def _axis_suffix(self, var: str) -> str:
         """How a 1-D range of rows (``x``) or reduced elements (``r``) enters the 2-D tile."""
@@ -286,21 +327,27 @@ class KernelRenderer:
         index = tuple(member.var_map.get(v, v) for v in node.vars)
         offset = simplify_index((buffer.flat_offset(index) - buffer.offset).xreplace(self.flat))
         target = tl_dtype(node.dtype) if node.dtype != torch.bool else "tl.int1"
-        shape = self.tile if mask == "xmask & rmask" else (self.row_shape if self.is_reduction else "[XBLOCK]")
+        shape = {"xmask & rmask": self.tile, "ymask & xmask": "[YBLOCK, XBLOCK]"}.get(
+            mask, self.row_shape if self.is_reduction else "[XBLOCK]")
         text = f"tl.broadcast_to({value}, {shape}).to({target})"
         # The pointer block must have the mask's shape even where the address is constant.
         used = {s.name for s in offset.free_symbols}
         pad = "" if "xindex" in used else " + 0 * xindex"
         if mask == "xmask & rmask" and "rindex" not in used:
             pad += " + 0 * rindex"
+        if mask == "ymask & xmask" and "yindex" not in used:
+            pad += " + 0 * yindex"
         scope.emit(f"tl.store({self._pointer(node.name)} + ({self.writer.index_text(offset)}){pad}, {text}, {mask})")
 
     def _finish(self, lines: list[str]) -> TritonKernel:
         pointer_args, scalar_args = list(self.pointers), list(self.scalars)
-        sizes = sorted(self.writer.sizes_used, key=lambda s: s.name)
+        sizes = sorted(self.writer.sizes_used - {YINDEX, ZINDEX}, key=lambda s: s.name)
+        # A tiled kernel keeps the (unused) xnumel: every pointwise kernel launches alike.
         params = ([self.pointers[b] for b in pointer_args] + [self.scalars[b] for b in scalar_args]
                   + [s.name for s in sizes] + ["xnumel"])
         constexprs = ["XBLOCK: tl.constexpr"]
+        if self.tile2d is not None:
+            constexprs = ["YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
         if self.is_reduction:
             params.append("rnumel")
             constexprs.append("RBLOCK: tl.constexpr")
@@ -312,7 +359,7 @@ class KernelRenderer:
         return TritonKernel(self.kernel.name, source, pointer_args, sizes, product(self.kernel.x_ranges),
                             product(self.kernel.r_ranges), self.kernel.kind, self.persistent, self.kernel.origins,
                             scalar_args, self.kernel.device.type, function,
-                            self.outer)
+                            self.outer, self.tile2d.numels if self.tile2d is not None else None)
 
 
 def canonical_function_name(kind: str, signature_and_body: str) -> str:
