@@ -32,6 +32,10 @@ LOOPED_RBLOCK = 1024
 # contiguous bytes per reduced index; XBLOCK shrinks to OUTER_MIN_XBLOCK to reach MIN_PROGRAMS.
 OUTER_XBLOCK, OUTER_TILE = 128, 2048
 SMALL_KERNEL = 1 << 16  # elements
+# Kernels over one flat xindex, launched with pointwise_config. A "scatter" adds into its output
+# with atomics: each launch adds again, so it must never be launched twice for one call (to
+# time block sizes, say) on live buffers.
+FLAT_KINDS = frozenset({"pointwise", "scatter"})
 
 # Launches through Triton hold this lock. Triton's interpreter (kernels on CPU tensors) patches
 # triton.language for the duration of a launch and restores it afterwards: two threads
@@ -129,7 +133,7 @@ class Launcher:
 
     Args:
         fn: the ``triton.jit`` function (or the interpreter's, for CPU tensors).
-        kind: "pointwise" or "reduction".
+        kind: "pointwise", "scatter" (launched as pointwise, see FLAT_KINDS) or "reduction".
         persistent: a reduction that holds its whole row in one tile.
         outer: a reduction tiled [RBLOCK, XBLOCK], lanes along the rows (codegen/triton/tiling.py).
     """
@@ -172,7 +176,7 @@ class Launcher:
                 launch(self.current_stream(device), *args)
                 return
         config = self.config(xnumel, rnumel)
-        numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
+        numels = (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)
         names = ("XBLOCK", "RBLOCK")[:len(config.constexprs)]
         with _launch_lock:
             stats.through_triton += 1
@@ -194,14 +198,14 @@ class Launcher:
             return None
         xnumel, rnumel = key[1], key[2]
         config = self.config(xnumel, rnumel)
-        numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
+        numels = (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)
         launch = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
         self.binaries[key] = launch
         stats.ahead += 1
         return launch
 
     def config(self, xnumel: int, rnumel: int) -> Config:
-        if self.kind == "pointwise":
+        if self.kind in FLAT_KINDS:
             return pointwise_config(xnumel)
         return reduction_config(self.persistent, xnumel, rnumel, self.outer)
 

@@ -29,7 +29,7 @@ import torch
 
 from torchfuse.runtime import binary_cache, compile_pool, kernel_cache
 from torchfuse.runtime.cache_paths import cache_dir
-from torchfuse.runtime.launch import pointwise_config, reduction_config
+from torchfuse.runtime.launch import FLAT_KINDS, pointwise_config, reduction_config
 from torchfuse.runtime.predict import PredictedLaunch, Unpredicted
 
 NUM_STAGES_UNSET = None  # launches pass no num_stages: Triton's default applies, as at a JIT launch
@@ -207,9 +207,9 @@ def specialize(fn: Any, kernel: Any, launch: PredictedLaunch, target: Target) ->
         backend = make_backend(GPUTarget(target.backend, target.arch, target.warp_size))
         _binders[cache_key] = (backend, create_function_from_signature(fn.signature, fn.params, backend))
     backend, binder = _binders[cache_key]
-    config = (pointwise_config(launch.xnumel) if kernel.kind == "pointwise"
+    config = (pointwise_config(launch.xnumel) if kernel.kind in FLAT_KINDS
               else reduction_config(kernel.persistent, launch.xnumel, launch.rnumel, kernel.outer))
-    numels = (launch.xnumel,) if kernel.kind == "pointwise" else (launch.xnumel, launch.rnumel)
+    numels = (launch.xnumel,) if kernel.kind in FLAT_KINDS else (launch.xnumel, launch.rnumel)
     kwargs: dict[str, Any] = dict(zip(("XBLOCK", "RBLOCK"), config.constexprs), num_warps=config.num_warps)
     # The options JITFunction.run adds before binding (Triton 3.6: debug, instrumentation_mode;
     # 3.9 also fpsan_homomorphic_casts), so the compile options match a first-launch compile.
