@@ -85,6 +85,8 @@ def test_out_of_range_indices_write_nothing():
     valid = (indices >= 0) & (indices < 10)
     expected = embedding_backward(10)(grad[valid].double(), indices[valid])
     assert torch.allclose(actual.double(), expected, rtol=1e-6, atol=1e-6)
+    ir = torchfuse.report().graphs[-1].ir_text  # the scatter's mask bounds the runtime row
+    assert "ge(" in ir and "lt(" in ir and ", 10)" in ir
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -141,13 +143,26 @@ def test_symbolic_sizes():
 
 
 def test_ir_and_report_show_the_scatter():
-    compiled = compile_strict(embedding_backward(7, 2))
+    compiled = compile_strict(lambda g, i: embedding_backward(7, 2)(g, i) * 2)
     compiled(torch.randn(5, 3, device=DEVICE), random_indices(7, (5,)))
     graph = torchfuse.report().graphs[-1]
     assert "] += " in graph.ir_text and "where" in graph.ir_text
     scatter = next(k for k in graph.kernels if k.kind == "scatter")
     assert scatter.ops[0] == "aten.embedding_dense_backward"
     assert "scatter" in str(torchfuse.report())
+    # Its reader (the * 2) runs after it, in a kernel of its own, and the report says why.
+    assert any("accumulating scatter" in d.reason for d in graph.decisions), graph.decisions
+
+
+def test_float32_matches_eager_bit_for_bit_on_cpu(compile_target):
+    """Eager's CPU kernel adds each row's gradients in index order, as the C++ kernel does
+    (also when it splits the feature dim among threads)."""
+    if compile_target != "cpp" or DEVICE != "cpu":
+        pytest.skip("the C++ kernel's order")
+    indices = random_indices(20, (500,))
+    grad = torch.randn(500, 77, device=DEVICE)
+    compiled = compile_strict(embedding_backward(20, 3))
+    assert torch.equal(compiled(grad, indices), embedding_backward(20, 3)(grad, indices))
 
 
 # -- nn.Embedding training step -------------------------------------------------------------------
@@ -265,6 +280,22 @@ def test_deterministic_results_are_reproducible(deterministic, compile_target):
         assert "scatter" not in kernel_kinds()
 
 
+def test_turning_deterministic_mode_on_recompiles(deterministic, compile_target):
+    """Dynamo guards on the mode: a function compiled with it off compiles again once it is on,
+    and the new graph follows it."""
+    torch.use_deterministic_algorithms(False)
+    compiled = compile_strict(embedding_backward(10, 2))
+    grad, indices = torch.randn(5, 3, device=DEVICE), random_indices(10, (5,))
+    compiled(grad, indices)
+    torch.use_deterministic_algorithms(True)
+    compiled(grad, indices)
+    first, second = torchfuse.report().graphs[-2:]
+    assert "scatter" in [k.kind for k in first.kernels]
+    on_gpu_target = compile_target == "triton"
+    assert ("scatter" in [k.kind for k in second.kernels]) != on_gpu_target
+    assert ("aten.embedding_dense_backward" in second.fallback_reasons) == on_gpu_target
+
+
 def test_the_graph_cache_key_depends_on_deterministic_mode(deterministic):
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -295,3 +326,43 @@ def test_bert_sized_embedding_backward_in_bfloat16_on_gpu():
     # Within a bfloat16 rounding of the exact sum (eager's CUDA kernel also sums in float32).
     assert torch.allclose(actual.double(), reference.to(torch.bfloat16).double(), rtol=2 ** -7, atol=1e-6)
     assert "scatter" in kernel_kinds() and not fallbacks()
+
+
+# -- the real Triton compiler -------------------------------------------------------------------------
+def test_scatter_kernels_compile_for_the_gpu(monkeypatch, tmp_path, compile_target):
+    """The interpreter accepts more than Triton's compiler: the scatter kernels (float32 and,
+    counting indices, int64 atomic adds, masked, at gathered offsets) compile for sm_90 in the
+    worker pool, predicted launches included, without a GPU."""
+    if compile_target != "triton":
+        pytest.skip("Triton kernels")
+    pytest.importorskip("triton")
+    import dataclasses
+
+    from torchfuse import pipeline
+    from torchfuse.runtime import binary_cache, compile_pool, kernel_cache, triton_ahead
+    from torchfuse.runtime.predict import Unpredicted, predict_launches
+
+    monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHFUSE_COMPILE_WORKERS", "2")
+    captured = []
+    monkeypatch.setattr(pipeline, "STAGES", pipeline.STAGES + [("spy", lambda state: captured.append(state))])
+    compiled = compile_strict(embedding_backward(30, 2, scale_grad_by_freq=True))
+    compiled(torch.randn(40, 24, dtype=torch.bfloat16, device=DEVICE), random_indices(30, (40,), torch.int32))
+    state = captured[-1]
+    kernels = {name: dataclasses.replace(k, device="cuda") for name, k in state.kernels.items()}
+    assert sum(k.kind == "scatter" for k in kernels.values()) == 2
+    fns = {name: kernel_cache.load_kernel(k.source, k.function, interpret=False) for name, k in kernels.items()}
+    predictions = predict_launches(state.graph, state.plan, kernels, state.example_inputs)
+    assert not any(isinstance(p, Unpredicted) for p in predictions.values())
+    ready = triton_ahead.compile_ahead(kernels, fns, predictions, target=triton_ahead.Target("cuda", 90, 32))
+    assert set(ready) == set(kernels)
+    for name, (_, loader) in ready.items():
+        if loader.future is not None:
+            reply = compile_pool.wait(loader.future)
+            assert reply["ok"], (name, reply, kernels[name].source)
+        entry = binary_cache.lookup(triton_ahead.binaries_root(), loader.key)
+        binary = triton_ahead.load_compiled(loader.fn, loader.spec, entry)
+        assert binary.kernel[:4] == b"\x7fELF"  # a cubin
+    atomics = [k.source for k in kernels.values() if k.kind == "scatter"]
+    assert all("tl.atomic_add(" in source for source in atomics)
+    assert any("tl.int64" in source.split("tl.atomic_add(")[1] for source in atomics)  # the counts

@@ -10,7 +10,9 @@ is a loop nest (``loops.py`` merges kernel variables where that is free):
   pass over a row re-reads it from cache, so there is no separate "persistent" variant;
   ``split``: the same for a few long rows, each row split across threads;
 - reduction, ``tiled`` strategy (``tiled.py``): when rows are contiguous and the reduced
-  dims are strided (a column sum), a block of rows advances together, innermost.
+  dims are strided (a column sum), a block of rows advances together, innermost;
+- scatter (``scatter.py``): the source points in order, adding into the destination, with
+  the destination's feature dim split among threads (race-free, deterministic).
 
 ``strategies.py`` chooses among them.
 
