@@ -55,7 +55,7 @@ def check(fn, *args, dynamic=None):
 
 # -- embedding_dense_backward ---------------------------------------------------------------------
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
-@pytest.mark.parametrize("index_shape", [(37,), (5, 9), (2, 3, 7)])
+@pytest.mark.parametrize("index_shape", [(), (37,), (5, 9), (2, 3, 7)])
 def test_repeated_indices_accumulate(index_shape, index_dtype):
     dim = 13  # odd: rows are not multiples of a vector
     indices = random_indices(6, index_shape, index_dtype)  # few rows: most repeat
