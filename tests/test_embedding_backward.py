@@ -231,6 +231,13 @@ def test_index_put_accumulate_on_two_dims_with_broadcast_values():
     check(lambda x, a, b, v: aten.index_put(x, [a, None, b], v, True), x, a, b, torch.randn(6, device=DEVICE))
 
 
+def test_index_put_of_one_column_over_many_rows():
+    """``x[:, j] += v`` with a 0-d ``j``: the rows are the outermost loop, split among threads,
+    and the column index is read once, before the loops."""
+    x, values = torch.randn(40000, 3, device=DEVICE), torch.randn(40000, device=DEVICE)
+    check(lambda x, v, j: aten.index_put(x, [None, j], v, True), x, values, torch.tensor(-2, device=DEVICE))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
 def test_index_add(dtype):
     x = (torch.randn(5, 8, device=DEVICE) * 10).to(dtype)

@@ -50,11 +50,12 @@ def render_scatter(renderer: Any, top: Scope) -> None:
              else simplify_index(sympy.sympify(e).xreplace(plan.substitution)) for e in member.index]
     mask = substitute_index(member.mask, plan.substitution) if member.mask is not None else None
     loops = plan.x_loops
-    column = _parallel_column(loops, index)
-    scope, slice_bounds = _open_parallel(renderer, top, loops, column)
     pending = [e for e in index if isinstance(e, Expr)] + ([mask] if mask is not None else [])
     opened: set[sympy.Symbol] = set()
-    scope = _emit_ready(renderer, scope, pending, mask, opened)
+    # Values of no loop come first: nothing may stand between an omp pragma and its loop.
+    scope = _emit_ready(renderer, top, pending, mask, opened)
+    column = _parallel_column(loops, index)
+    scope, slice_bounds = _open_parallel(renderer, scope, loops, column)
     for loop in loops:
         if slice_bounds is not None and loop is column:
             scope = renderer.open_loop(scope, loop, *slice_bounds)
