@@ -4,7 +4,8 @@
 # Without arguments (what CI runs), the C++ tests then run again for other x86-64 levels than this
 # CPU's: our kernels are compiled for the machine they run on (-march=$TORCHFUSE_CPP_ARCH, default
 # native), eager ATen picks its code path at run time, and users' CPUs are not ours.
-#   - x86-64-v3 (AVX2 + FMA, no AVX-512): tests/test_cpp.py, test_fuzz.py, test_mutation.py
+#   - x86-64-v3 (AVX2 + FMA, no AVX-512): tests/test_cpp.py, test_fuzz.py, test_mutation.py,
+#     test_embedding_backward.py
 #   - x86-64 (SSE2, no FMA): tests/test_elementwise.py
 # Each pass has its own kernel cache and sees no GPU. TORCHFUSE_ISA_PASSES=1 runs them after a run
 # with arguments too, =0 skips them; they are skipped on CPUs that are not x86-64.
@@ -44,7 +45,7 @@ if [[ "$isa_passes" == "1" ]]; then
     scratch="$(mktemp -d "${TMPDIR:-/tmp}/torchfuse-isa.XXXXXX")"
     trap 'rm -rf "$scratch"' EXIT
     # "not triton": the Triton parametrizations of these modules do not depend on the ISA.
-    for pass in "x86-64-v3|tests/test_cpp.py tests/test_fuzz.py tests/test_mutation.py" \
+    for pass in "x86-64-v3|tests/test_cpp.py tests/test_fuzz.py tests/test_mutation.py tests/test_embedding_backward.py" \
                 "x86-64|tests/test_elementwise.py"; do
         arch="${pass%%|*}"
         read -r -a files <<< "${pass#*|}"

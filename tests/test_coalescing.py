@@ -17,8 +17,10 @@ would pick. Neighbouring lanes of a warp hold neighbouring elements of a tile's 
 - a kernel reading a large input must launch at least as many programs as an H200 has SMs
   (a reduction with few outputs is split, or tiles more finely).
 
-A gathered load (its offset needs a value loaded first) is left out: no layout makes it
-contiguous.
+A gathered access (its offset needs a value loaded first: an embedding row, the weight row an
+embedding gradient is added into) is evaluated with stand-in loaded values, equal where lanes
+load the same element. A row-gathered access whose lanes walk the row contiguously then steps
+by 1 except where the row changes, and passes; lanes that each gather a different row do not.
 """
 from __future__ import annotations
 
@@ -91,6 +93,11 @@ def _channels_last(*shape):
     return torch.randn(*shape).to(memory_format=torch.channels_last)
 
 
+def embedding_backward(grad, indices):
+    """BERT-base's word-embedding gradient: rows of 768 added into a 30522-row table (row 0 pads)."""
+    return torch.ops.aten.embedding_dense_backward(grad, indices, 30522, 0, False)
+
+
 CASES = {
     "column_sum": (column_sum, lambda: (torch.randn(8192, 768),)),
     "full_sum": (full_sum, lambda: (torch.randn(4096, 2048, dtype=torch.bfloat16),)),
@@ -106,6 +113,8 @@ CASES = {
     "channels_last_to_nchw": (to_contiguous, lambda: (_channels_last(32, 64, 56, 56),)),
     "key_transpose": (lambda k: k.transpose(-1, -2).contiguous(),
                       lambda: (torch.randn(8, 12, 512, 64, dtype=torch.bfloat16),)),
+    "embedding_backward": (embedding_backward, lambda: (torch.randn(8 * 512, 768, dtype=torch.bfloat16),
+                                                        torch.randint(0, 30522, (8 * 512,)))),
 }
 # Cases whose 1-D kernel would read (or write) across its lanes: each must be tiled in 2-D.
 TILED = {"transposed_add", "nchw_to_channels_last", "channels_last_to_nchw", "key_transpose"}
@@ -123,11 +132,26 @@ def _rendered(fn, args):
     return state.graph, kernels
 
 
+class _Values(np.ndarray):
+    """Stand-in values loaded from memory (int64), with Triton's ``.to``."""
+
+    def to(self, dtype, bitcast=False):
+        return self.astype(dtype).view(_Values)
+
+
+class _Pointer:
+    """A kernel's pointer argument: ``ptrN + offsets`` is an address block."""
+
+    def __add__(self, offsets):
+        return np.asarray(offsets)
+
+
 class _FakeTl:
     """The part of ``triton.language`` a kernel's index lines use, on numpy arrays."""
 
     int64 = np.int64
     int32 = np.int32
+    float32 = np.float32
 
     @staticmethod
     def arange(start, end):
@@ -136,6 +160,16 @@ class _FakeTl:
     @staticmethod
     def program_id(axis):
         return _Pid(_FakeTl.pid)
+
+    @staticmethod
+    def load(offsets, mask=None, other=None):
+        """Stand-in values: a hash of the element's offset, so lanes loading one element (the
+        token id of a row) agree and other elements differ."""
+        return ((offsets.astype(np.int64) * 2654435761 + 12345) % 30011).view(_Values)
+
+    @staticmethod
+    def broadcast_to(value, shape):
+        return value
 
     minimum = staticmethod(np.minimum)
     maximum = staticmethod(np.maximum)
@@ -148,6 +182,21 @@ class _Pid(int):
 
 
 INDEX_NAMES = ("pid", "xtiles", "ytiles", "zindex", "yindex", "xindex", "rindex")
+
+
+class _Definitions(dict):
+    """A kernel's assignments (``tmp5 = ...``), evaluated when an offset first names one: the
+    locals of ``eval``, on top of the tile's ``scope``."""
+
+    def __init__(self, source: str, scope: dict) -> None:
+        super().__init__(scope)
+        self.lines = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(tmp\d+) = (.*)$", source, re.M)}
+
+    def __missing__(self, name: str):
+        if name not in self.lines:
+            raise KeyError(name)
+        self[name] = eval(self.lines[name], {"tl": _FakeTl}, self)
+        return self[name]
 
 
 def _index_lines(source: str) -> dict[str, str]:
@@ -177,9 +226,10 @@ def _unit_stride(offset: np.ndarray, mask: np.ndarray, axis: int) -> tuple[bool,
 
 
 def _offsets(source: str) -> list[tuple[str, str, str]]:
-    """(load or store, pointer, offset text) for every ``tl.load/tl.store(ptrN + (...)``."""
+    """(load, store or atomic_add, pointer, offset text) for every ``tl.load/tl.store/
+    tl.atomic_add(ptrN + (...)``."""
     found = []
-    for match in re.finditer(r"tl\.(load|store)\((ptr\d+) \+ \(", source):
+    for match in re.finditer(r"tl\.(load|store|atomic_add)\((ptr\d+) \+ \(", source):
         depth, start = 1, match.end()
         end = start
         while depth:
@@ -213,14 +263,13 @@ def _check_kernel(kernel, rendered, buffers) -> list[str]:
                 mask = (scope["yindex"] < ynumel) & (xindex < x_extent)
             else:
                 mask = (xindex < xnumel) & (rindex < max(rnumel, 1))
+            names = _Definitions(rendered.source, {**scope, "rindex": rindex, "xmask": xindex < xnumel,
+                                                   "rmask": rindex < max(rnumel, 1), **{p: _Pointer() for p in pointers}})
             for kind, pointer, text in _offsets(rendered.source):
                 buffer = buffers[pointers[pointer]]
                 if int(buffer.numel) < large:
                     continue
-                try:
-                    offset = np.broadcast_to(eval(text, {**scope, "rindex": rindex}), mask.shape)
-                except NameError:  # gathered: needs a loaded value
-                    continue
+                offset = np.broadcast_to(np.asarray(eval(text, {"tl": _FakeTl}, names)), mask.shape)
                 found = [_unit_stride(offset, mask, axis) for axis in axes]
                 if not any(ok for ok, _ in found):
                     steps = np.unique(np.concatenate([s for _, s in found]))[:6]

@@ -217,7 +217,7 @@ def _cache_entry(state: CompileState) -> graph_cache.GraphEntry:
 
 
 # What a cache hit takes from the stored report: everything the stages would have written.
-RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "device_notes", "split_reductions", "ir_text",
+RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "fallback_reasons", "device_notes", "split_reductions", "ir_text",
                           "wrapper_source", "input_buffers", "output_buffers", "eager_bytes")  # not binaries: _restore fills it
 
 
@@ -311,7 +311,10 @@ def stage_lower(state: CompileState) -> None:
         split_bias_into_pointwise_users(state.gm)
         if state.report.kind == "inference":  # a forward graph's saved tensors keep their layouts
             convolutions_channels_last(state.gm)
-    state.graph = lower(state.gm, state.report.name)
+    # With deterministic algorithms on, GPU kernels must not add with atomics (their order varies):
+    # those scatters stay ATen's deterministic kernels. C++ scatters add in a fixed order.
+    unordered_adds = not (state.target == "triton" and torch.are_deterministic_algorithms_enabled())
+    state.graph = lower(state.gm, state.report.name, unordered_adds)
     state.report.device_notes = place_on_one_device(state.graph)
     if state.target == "triton":
         # Reductions with too few outputs to fill a GPU become two stages (codegen/triton/split.py):
@@ -319,6 +322,7 @@ def stage_lower(state: CompileState) -> None:
         cuda = any(getattr(n, "device", None) is not None and n.device.type == "cuda" for n in state.graph.nodes)
         state.report.split_reductions = split_reductions(state.graph, {"cuda"} if cuda else {"cpu"})
     state.report.fallbacks = list(state.graph.fallbacks)
+    state.report.fallback_reasons = dict(state.graph.fallback_reasons)
     state.report.ir_text = format_graph(state.graph)
 
 

@@ -17,7 +17,7 @@ from torchfuse.diagnostics.model import GraphReport, KernelReport
 from torchfuse.diagnostics.summary import format_bytes, summarize
 
 BOX_W, LINE_H, GAP_X, GAP_Y, MARGIN, MAX_OPS = 270, 15, 36, 56, 20, 5
-FILLS = {"pointwise": "#cfe3ff", "reduction": "#ffe08a", "extern": "#e2e4e8", "input": "#c8f2d4", "output": "#fbd3e9"}
+FILLS = {"pointwise": "#cfe3ff", "reduction": "#ffe08a", "scatter": "#ffc9a8", "extern": "#e2e4e8", "input": "#c8f2d4", "output": "#fbd3e9"}
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1f2328; max-width: 1400px; }
@@ -74,6 +74,8 @@ def _graph_section(graph: GraphReport) -> str:
     lines.append(_decisions(graph))
     if graph.fallbacks:
         lines.append(f"<p>No lowering (ran as ATen): <code>{esc(', '.join(sorted(set(graph.fallbacks))))}</code></p>")
+        for op, reason in sorted(graph.fallback_reasons.items()):
+            lines.append(f"<p><code>{esc(op)}</code>: {esc(reason)}</p>")
     for kernel in graph.kernels:
         if kernel.source:
             lines.append(f"<details class='source'><summary>{esc(kernel.name)} source</summary>"

@@ -54,7 +54,7 @@ class BufferAccess:
 @dataclass
 class KernelReport:
     name: str
-    kind: str  # "pointwise", "reduction" or "extern"
+    kind: str  # "pointwise", "reduction", "scatter" (accumulating, e.g. embedding backward) or "extern"
     ops: list[str]  # ATen ops this kernel runs
     source: str | None = None
     reads: list[BufferAccess] = field(default_factory=list)  # buffers read from memory
@@ -85,6 +85,7 @@ class GraphReport:
     decisions: list[FusionDecision] = field(default_factory=list)  # refused fusions
     fusions: list[FusionDecision] = field(default_factory=list)  # fusions made
     fallbacks: list[str] = field(default_factory=list)  # ATen ops run without a lowering
+    fallback_reasons: dict[str, str] = field(default_factory=dict)  # op -> why its rule declined it
     # How a graph that mixes devices keeps each kernel on one device: CPU scalars passed by
     # value, CPU kernels built for the CPU, buffers copied to the device that reads them.
     device_notes: list[str] = field(default_factory=list)
@@ -135,6 +136,8 @@ class GraphReport:
             lines.append(f"  not fused: {decision}")
         if self.fallbacks:
             lines.append(f"  no lowering (ran as ATen): {', '.join(sorted(set(self.fallbacks)))}")
+            for op, reason in sorted(self.fallback_reasons.items()):
+                lines.append(f"    {op}: {reason}")
         for note in self.device_notes:
             lines.append(f"  devices: {note}")
         if self.binaries:

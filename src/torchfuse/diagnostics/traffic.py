@@ -19,7 +19,7 @@ import torch
 from torchfuse.diagnostics.model import BufferAccess
 from torchfuse.frontend.symbolic import size_hint
 from torchfuse.ir.expr import read_buffers
-from torchfuse.ir.graph import Buffer, Extern, Graph, Pointwise, Reduction
+from torchfuse.ir.graph import Buffer, Extern, Graph, Pointwise, Reduction, ScatterAdd, node_exprs, node_reads
 from torchfuse.ir.printer import dtype_name
 from torchfuse.ir.symbols import product
 
@@ -70,6 +70,8 @@ class TrafficCounter:
         for member in kernel.members:
             body = member.own_body if member.own_body is not None else member.node.body
             reads += [b for b in read_buffers(body) if b not in own]
+            if isinstance(member.node, ScatterAdd):  # its index and mask (the additions count as the write)
+                reads += [b for expr in member.exprs[1:] for b in read_buffers(expr) if b not in own]
         writes = [m.node.name for m in kernel.members if m.stored]
         eager_nodes = self._with_inlined([m.node for m in kernel.members])
         return KernelTraffic(self._accesses(reads), self._accesses(writes), self._eager(eager_nodes))
@@ -90,7 +92,7 @@ class TrafficCounter:
         pending = list(nodes)
         while pending:
             node = pending.pop()
-            for name in read_buffers(node.body):
+            for name in (b for expr in node_exprs(node) for b in read_buffers(expr)):
                 producer = self.nodes.get(name)
                 if isinstance(producer, Pointwise) and name not in self.members and name not in found:
                     found[name] = producer
@@ -102,8 +104,8 @@ class TrafficCounter:
         for node in nodes:
             if isinstance(node, Extern):
                 names = node.reads() + [out.name for out in node.outputs]
-            elif isinstance(node, (Pointwise, Reduction)):
-                names = list(dict.fromkeys(read_buffers(node.body))) + [node.name]
+            elif isinstance(node, (Pointwise, Reduction, ScatterAdd)):
+                names = node_reads(node) + [node.name]
             else:
                 continue
             for name in names:

@@ -32,10 +32,12 @@ EXTRA = [
 # Decompositions we do not want: these lower better (or must stay ATen calls) whole.
 # Attention stays whole too: torch 2.13's decomposition of the CPU flash-attention op gives
 # wrong input gradients for a causal GQA block (found by tests/test_training.py).
+# Embedding's backward is one accumulating scatter (lowering/rules/scatter.py); decomposed, its
+# padding rows became additions of zero (an atomic each on a GPU, all into one row).
 KEEP_WHOLE = [
     aten.mm, aten.bmm, aten.addmm, aten.convolution, aten.convolution_backward,
     aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu,
-    aten._scaled_dot_product_attention_math,
+    aten._scaled_dot_product_attention_math, aten.embedding_dense_backward,
 ]
 
 

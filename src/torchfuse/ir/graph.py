@@ -1,9 +1,10 @@
 """The loop-level graph: buffers and the nodes that compute them.
 
 ``Pointwise`` and ``Reduction`` nodes each define one buffer by a body over index
-variables (``i0..`` for output dims, ``r0..`` for reduced dims). ``Extern`` nodes call an
-ATen op on real tensors. Views never appear as nodes: lowering folds them into the index
-of the loads that read them.
+variables (``i0..`` for output dims, ``r0..`` for reduced dims). ``ScatterAdd`` defines one by
+adding values into runtime-chosen elements of a copy of another (embedding backward).
+``Extern`` nodes call an ATen op on real tensors. Views never appear as nodes: lowering folds
+them into the index of the loads that read them.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Union
 import sympy
 import torch
 
-from torchfuse.ir.expr import Expr, read_buffers
+from torchfuse.ir.expr import Expr, IndexEntry, loads, transform
 from torchfuse.ir.symbols import contiguous_strides, index_vars, product
 
 Shape = tuple[sympy.Expr, ...]
@@ -94,6 +95,67 @@ class Reduction:
 
 
 @dataclass(frozen=True)
+class ScatterAdd:
+    """An accumulating scatter: ``buffer = base``, then for every point ``p`` of ``source_shape``
+    where ``mask(p)`` holds, ``buffer[index(p)] += body(p)``.
+
+    ``index`` has one entry per dimension of ``shape`` (the destination's), in the node's own
+    variables ``i0..`` over ``source_shape``; entries are sympy (direct) or an int64 ``Expr``
+    (gathered: a runtime value, such as a token id). Lowering guarantees that ``mask`` is false
+    wherever a gathered entry is out of range, so no kernel writes outside the buffer, and that
+    ``base`` is a pointwise buffer of this node's layout that nothing else reads: the buffer *is*
+    ``base``'s memory, accumulated into in place (the scheduler stores ``base``, the wrapper
+    hands its memory on). Several points may hit one element, so the order of the additions is
+    the kernel's: atomic on GPUs (not reproducible bit for bit), ordered in C++.
+    """
+
+    name: str
+    shape: Shape  # the destination's
+    dtype: torch.dtype  # the destination's: the accumulation dtype (float32 for half grads)
+    device: torch.device
+    base: str  # the buffer whose memory holds the initial value (zeros, a copy of the input)
+    source_shape: Shape
+    index: tuple[IndexEntry, ...]
+    body: Expr  # the value added at each point, of ``dtype``
+    mask: Expr | None = None  # bool; None: every point adds
+    origin: str = ""
+
+    @property
+    def vars(self) -> tuple[sympy.Symbol, ...]:
+        """The variables of the iteration space (``source_shape``), which body, index and mask use."""
+        return index_vars(len(self.source_shape))
+
+    def exprs(self) -> tuple[Expr, ...]:
+        """Every expression the node evaluates: the value, the mask and the gathered index entries."""
+        gathered = tuple(e for e in self.index if isinstance(e, Expr))
+        return (self.body,) + ((self.mask,) if self.mask is not None else ()) + gathered
+
+
+def node_exprs(node: "Pointwise | Reduction | ScatterAdd") -> tuple[Expr, ...]:
+    """Every expression a computed node evaluates (its body, and a scatter's mask and index)."""
+    return node.exprs() if isinstance(node, ScatterAdd) else (node.body,)
+
+
+def node_reads(node: "Node") -> list[str]:
+    """The buffers a node reads, in first-read order; a scatter also reads (and overwrites) its base."""
+    if isinstance(node, Extern):
+        return node.reads()
+    found = [load.buffer for expr in node_exprs(node) for load in loads(expr)]
+    if isinstance(node, ScatterAdd):
+        found.append(node.base)
+    return list(dict.fromkeys(found))
+
+
+def rewrite_node_exprs(node, rewrite):
+    """``node`` with ``transform(expr, rewrite)`` applied to every expression it evaluates."""
+    if not isinstance(node, ScatterAdd):
+        return type(node)(**{**node.__dict__, "body": transform(node.body, rewrite)})
+    index = tuple(transform(e, rewrite) if isinstance(e, Expr) else e for e in node.index)
+    mask = transform(node.mask, rewrite) if node.mask is not None else None
+    return type(node)(**{**node.__dict__, "body": transform(node.body, rewrite), "index": index, "mask": mask})
+
+
+@dataclass(frozen=True)
 class ExternArg:
     """A reference to a buffer viewed with explicit sizes/strides, passed to an Extern."""
 
@@ -131,7 +193,7 @@ def _collect_extern_reads(value: Any, found: list[str]) -> None:
             _collect_extern_reads(item, found)
 
 
-Node = Union[Pointwise, Reduction, Extern]
+Node = Union[Pointwise, Reduction, ScatterAdd, Extern]
 
 
 @dataclass
@@ -157,6 +219,7 @@ class Graph:
     buffers: dict[str, Buffer] = field(default_factory=dict)
     outputs: list[GraphOutput] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)  # ATen ops run as Extern without a rule
+    fallback_reasons: dict[str, str] = field(default_factory=dict)  # op -> why its rule declined
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # tensors held by the graph
     name: str = "graph"
 
@@ -172,8 +235,7 @@ class Graph:
         """For each buffer name, the nodes that read it (an output counts separately)."""
         result: dict[str, list[Node]] = {}
         for node in self.nodes:
-            reads = node.reads() if isinstance(node, Extern) else read_buffers(node.body)
-            for name in reads:
+            for name in node_reads(node):
                 result.setdefault(name, []).append(node)
         return result
 

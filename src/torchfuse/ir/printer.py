@@ -4,7 +4,7 @@ from __future__ import annotations
 import sympy
 
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where
-from torchfuse.ir.graph import Extern, ExternArg, Graph, Pointwise, Reduction
+from torchfuse.ir.graph import Extern, ExternArg, Graph, Pointwise, Reduction, ScatterAdd
 
 _DTYPE_SHORT = {
     "torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.float64": "f64",
@@ -44,6 +44,11 @@ def format_node(node) -> str:
     if isinstance(node, Reduction):
         return (f"{node.name}: {dtype_name(node.dtype)}{_shape(node.shape)} = {node.reduce_op} over "
                 f"r{_shape(node.reduction_ranges)} of {format_expr(node.body)}  # {node.origin}")
+    if isinstance(node, ScatterAdd):
+        index = ", ".join(format_expr(e) if isinstance(e, Expr) else str(e) for e in node.index)
+        where = f" where {format_expr(node.mask)}" if node.mask is not None else ""
+        return (f"{node.name}: {dtype_name(node.dtype)}{_shape(node.shape)} = {node.base}, then [{index}] += "
+                f"{format_expr(node.body)} over {_shape(node.source_shape)}{where}  # {node.origin}")
     if isinstance(node, Extern):
         outs = ", ".join(f"{b.name}: {dtype_name(b.dtype)}{_shape(b.shape)}" for b in node.outputs)
         return f"{outs} = extern {node.target}({_format_args(node.args)})"

@@ -7,21 +7,39 @@ from typing import Any, Callable
 import sympy
 import torch
 
-from torchfuse.ir.expr import Expr
-from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph, Pointwise, Reduction, Shape
+from torchfuse.ir.expr import Const, Expr, IndexEntry, IndexValue, Op
+from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph, Pointwise, Reduction, ScatterAdd, Shape
 from torchfuse.ir.symbols import index_vars, linear_coefficients, simplify_index
 from torchfuse.lowering.values import TensorValue
 
 BodyFn = Callable[[tuple[sympy.Symbol, ...]], Expr]
+# A scatter's point function: for the variables of its iteration space, the destination index
+# (one entry per destination dim: sympy, or an int64 Expr for a runtime index), the value added
+# there and the condition for adding it (None: always).
+ScatterFn = Callable[[tuple[sympy.Symbol, ...]], tuple[tuple[IndexEntry, ...], Expr, "Expr | None"]]
 
 
 class LoweringContext:
-    """Builds the ``ir.Graph``: rules call these methods to add nodes and buffers."""
+    """Builds the ``ir.Graph``: rules call these methods to add nodes and buffers.
 
-    def __init__(self, graph: Graph) -> None:
+    Args:
+        graph: the graph being built.
+        unordered_adds: whether an accumulating scatter may add in an order that varies from run
+            to run (atomic adds on a GPU). False when deterministic algorithms are on and the
+            kernels would be Triton's: those scatters then run as ATen's deterministic kernels.
+    """
+
+    def __init__(self, graph: Graph, unordered_adds: bool = True) -> None:
         self.graph = graph
         self._counter = itertools.count()
         self.current_origin = ""
+        self.unordered_adds = unordered_adds
+        self.fallback_reason: str | None = None  # why the current op's rule declined, if it said
+
+    def not_lowered(self, reason: str) -> Any:
+        """Decline the current op, saying why (the report lists it with its ATen fallback)."""
+        self.fallback_reason = reason
+        return NotImplemented
 
     def new_name(self, prefix: str = "buf") -> str:
         return f"{prefix}{next(self._counter)}"
@@ -77,6 +95,31 @@ class LoweringContext:
         self.add_buffer(Buffer.contiguous(name, out_shape, dtype, device))
         return TensorValue.of_buffer(name, out_shape, dtype, device)
 
+    def scatter_add(self, shape: Shape, dtype: torch.dtype, device: torch.device, initial: BodyFn,
+                    source_shape: Shape, point: ScatterFn, strides: Shape | None = None) -> TensorValue:
+        """Add an accumulating scatter: a new buffer of ``shape`` holding ``initial`` (over its own
+        index), then ``buffer[index(p)] += value(p)`` for every point ``p`` of ``source_shape``
+        where the condition holds (``point(p)`` gives the three).
+
+        The initial value is a pointwise node of its own (the scatter's ``base``): nothing else
+        reads it, so the scatter may accumulate into its memory. Contributions whose runtime
+        index falls outside the buffer are dropped (the mask says so): a kernel never writes
+        out of bounds, whatever the indices hold.
+        """
+        shape = tuple(sympy.sympify(s) for s in shape)
+        source_shape = tuple(sympy.sympify(s) for s in source_shape)
+        base = self.pointwise(shape, dtype, device, initial, strides)
+        index, value, mask = point(index_vars(len(source_shape)))
+        for entry, size in zip(index, shape):
+            if isinstance(entry, Expr):
+                mask = _conjunction(mask, _in_range(entry, size))
+        name = self.new_name()
+        self.graph.nodes.append(ScatterAdd(name, shape, dtype, device, base.buffer, source_shape, tuple(index), value,
+                                           mask, self.current_origin))
+        layout = self.graph.buffers[base.buffer]
+        self.add_buffer(Buffer(name, shape, dtype, device, layout.strides))
+        return TensorValue.of_buffer(name, shape, dtype, device)
+
     def extern_arg(self, value: TensorValue) -> ExternArg:
         """Pass ``value`` to an ATen call: a strided view of its buffer, or a fresh copy."""
         buffer = self.graph.buffers[value.buffer]
@@ -110,6 +153,17 @@ class LoweringContext:
         for buffer in outputs:
             self.add_buffer(buffer)
         self.graph.nodes.append(Extern(self.new_name("extern"), target, args, kwargs, outputs, paths, self.current_origin))
+
+
+def _in_range(entry: Expr, size: sympy.Expr) -> Expr:
+    """``0 <= entry < size`` for an int64 runtime index."""
+    size_value = Const(torch.int64, int(size)) if size.is_number else IndexValue(torch.int64, size)
+    return Op(torch.bool, "logical_and", (Op(torch.bool, "ge", (entry, Const(torch.int64, 0))),
+                                          Op(torch.bool, "lt", (entry, size_value))))
+
+
+def _conjunction(a: Expr | None, b: Expr) -> Expr:
+    return b if a is None else Op(torch.bool, "logical_and", (a, b))
 
 
 def is_dense(shape: Shape, strides: Shape) -> bool:

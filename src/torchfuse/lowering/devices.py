@@ -18,8 +18,9 @@ import sympy
 import torch
 
 from torchfuse.ir.devices import is_kernel_scalar
-from torchfuse.ir.expr import Expr, Load, read_buffers, transform
-from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph, Pointwise, Reduction
+from torchfuse.ir.expr import Expr, Load, read_buffers
+from torchfuse.ir.graph import (Buffer, Extern, ExternArg, Graph, Pointwise, Reduction, ScatterAdd, node_exprs,
+                                rewrite_node_exprs)
 from torchfuse.ir.symbols import contiguous_strides
 from torchfuse.lowering.context import is_dense
 
@@ -37,8 +38,9 @@ def place_on_one_device(graph: Graph) -> list[str]:
     notes: list[str] = []
     nodes = []
     for node in graph.nodes:
-        if isinstance(node, (Pointwise, Reduction)):
-            foreign = [name for name in dict.fromkeys(read_buffers(node.body))
+        if isinstance(node, (Pointwise, Reduction, ScatterAdd)):
+            reads = [name for expr in node_exprs(node) for name in read_buffers(expr)]
+            foreign = [name for name in dict.fromkeys(reads)
                        if _needs_copy(graph.buffers[name], node.device)]
             renames = {}
             for name in foreign:
@@ -76,15 +78,13 @@ def _is_dense(buffer: Buffer) -> bool:
     return sympy.sympify(buffer.offset) == 0 and is_dense(buffer.shape, buffer.strides)
 
 
-def _rename_loads(node: Pointwise | Reduction, renames: dict[str, str]) -> Pointwise | Reduction:
+def _rename_loads(node: Pointwise | Reduction | ScatterAdd, renames: dict[str, str]) -> Pointwise | Reduction | ScatterAdd:
     def rewrite(expr: Expr) -> Expr | None:
         if isinstance(expr, Load) and expr.buffer in renames:
             return Load(expr.dtype, renames[expr.buffer], expr.index)
         return None
 
-    body = transform(node.body, rewrite)
-    fields = {**node.__dict__, "body": body}
-    return type(node)(**fields)
+    return rewrite_node_exprs(node, rewrite)
 
 
 def check_one_device(kernels: list, buffers: dict[str, Buffer]) -> None:
@@ -92,7 +92,7 @@ def check_one_device(kernels: list, buffers: dict[str, Buffer]) -> None:
     at launch it would crash or read garbage; at compile time the graph falls back to ATen)."""
     for kernel in kernels:
         for member in kernel.members:
-            for name in [member.node.name, *read_buffers(member.body)]:
+            for name in [member.node.name, *(b for expr in member.exprs for b in read_buffers(expr))]:
                 buffer = buffers.get(name)
                 if buffer is not None and buffer.device != kernel.device and not is_kernel_scalar(buffer, kernel.device):
                     raise RuntimeError(f"{kernel.name} runs on {kernel.device} but touches {name} on {buffer.device}")

@@ -21,17 +21,20 @@ from torchfuse.lowering.extern import lower_extern
 from torchfuse.lowering.values import TensorValue
 
 
-def lower(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
+def lower(gm: torch.fx.GraphModule, name: str = "graph", unordered_adds: bool = True) -> Graph:
     """Lower an ATen-level FX graph into an ``ir.Graph``.
 
     Args:
         gm: a graph from aot_autograd whose nodes carry ``meta['val']`` (fake tensors).
         name: a name for reports.
+        unordered_adds: whether accumulating scatters may add in a varying order (GPU atomics);
+            False keeps them ATen calls (deterministic algorithms on the Triton target).
     Returns:
-        The loop-level graph. Ops without a rule become Extern calls, listed in ``fallbacks``.
+        The loop-level graph. Ops without a rule become Extern calls, listed in ``fallbacks``
+        (with the rule's reason in ``fallback_reasons`` when it gave one).
     """
     graph = Graph(name=name)
-    ctx = LoweringContext(graph)
+    ctx = LoweringContext(graph, unordered_adds)
     env: dict[torch.fx.Node, Any] = {}
     placeholder_position = 0
     for node in gm.graph.nodes:
@@ -94,9 +97,12 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     # Kernels have no complex arithmetic: an op touching complex tensors runs as ATen (exact).
     rule = None if _touches_complex(node) else registry.lookup(node.target)
     if rule is not None:
+        ctx.fallback_reason = None
         result = rule(ctx, node, *args, **kwargs)
         if result is not NotImplemented:
             return result
+        if ctx.fallback_reason:
+            ctx.graph.fallback_reasons[_op_name(node.target)] = ctx.fallback_reason
     ctx.graph.fallbacks.append(_op_name(node.target))
     return lower_extern(ctx, node, args, kwargs)
 

@@ -3,7 +3,7 @@
 A graph's key hashes everything its generated code depends on: every node (op, arguments, the
 shape, strides and dtype tracing gave it, its source line), the values of 0-d tensor constants
 (they are inlined), the target, the graph's kind, the options, ``TORCHFUSE_*`` variables,
-torch's version, torchfuse's own source and the CPU. An entry holds what the wrapper needs: its
+whether deterministic algorithms are on, torch's version, torchfuse's own source and the CPU. An entry holds what the wrapper needs: its
 source and the objects it names, the rendered kernels (whose libraries come back from the
 kernel caches) and the graph's report. Entries live in this process and on disk under
 ``$TORCHFUSE_CACHE_DIR/graphs``.
@@ -92,6 +92,8 @@ def _key_parts(gm: torch.fx.GraphModule, kind: str, target: str, options: Any):
     yield f"{kind}|{target}"
     yield repr({f.name: getattr(options, f.name) for f in fields(options) if f.name not in ("dump", "check")})
     yield repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHFUSE_") and k not in IGNORED_VARIABLES))
+    # Deterministic algorithms keep accumulating scatters ATen calls on the Triton target.
+    yield f"deterministic={torch.are_deterministic_algorithms_enabled()}"
     yield _machine(target)
     for node in gm.graph.nodes:
         yield "|".join((node.op, node.name, _describe(node.target), _describe(node.args), _describe(node.kwargs),

@@ -35,6 +35,10 @@ SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
 # kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
 TILE_SIDE, TILE_MIN_SIDE = 64, 32
+# Kernels over one flat xindex, launched with pointwise_config. A "scatter" adds into its output
+# with atomics: each launch adds again, so it must never be launched twice for one call (to
+# time block sizes, say) on live buffers.
+FLAT_KINDS = frozenset({"pointwise", "scatter"})
 
 # Launches through Triton hold this lock. Triton's interpreter (kernels on CPU tensors) patches
 # triton.language for the duration of a launch and restores it afterwards: two threads
@@ -156,7 +160,7 @@ class Launcher:
 
     Args:
         fn: the ``triton.jit`` function (or the interpreter's, for CPU tensors).
-        kind: "pointwise" or "reduction".
+        kind: "pointwise", "scatter" (launched as pointwise, see FLAT_KINDS) or "reduction".
         persistent: a reduction that holds its whole row in one tile.
         outer: a reduction tiled [RBLOCK, XBLOCK], lanes along the rows (codegen/triton/tiling.py).
         tile: a pointwise kernel tiled [YBLOCK, XBLOCK]: its (Z, Y, X) extents
@@ -203,7 +207,7 @@ class Launcher:
                 launch(self.current_stream(device), *args)
                 return
         config = self.config(xnumel, rnumel)
-        numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
+        numels = (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)
         with _launch_lock:
             stats.through_triton += 1
             compiled = self.fn[(config.grid,)](*args, *numels, **config.blocks(), num_warps=config.num_warps)
@@ -223,7 +227,7 @@ class Launcher:
             return None
         xnumel, rnumel = key[1], key[2]
         config = self.config(xnumel, rnumel)
-        numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
+        numels = (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)
         launch = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
         self.binaries[key] = launch
         stats.ahead += 1
@@ -232,7 +236,7 @@ class Launcher:
     def config(self, xnumel: int, rnumel: int) -> Config:
         if self.tile is not None:
             return tile_config(*self.tile)
-        if self.kind == "pointwise":
+        if self.kind in FLAT_KINDS:
             return pointwise_config(xnumel)
         return reduction_config(self.persistent, xnumel, rnumel, self.outer)
 

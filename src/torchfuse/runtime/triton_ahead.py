@@ -29,7 +29,7 @@ import torch
 
 from torchfuse.runtime import binary_cache, compile_pool, kernel_cache
 from torchfuse.runtime.cache_paths import cache_dir
-from torchfuse.runtime.launch import pointwise_config, reduction_config, tile_config
+from torchfuse.runtime.launch import FLAT_KINDS, pointwise_config, reduction_config, tile_config
 from torchfuse.runtime.predict import PredictedLaunch, Unpredicted
 
 NUM_STAGES_UNSET = None  # launches pass no num_stages: Triton's default applies, as at a JIT launch
@@ -209,11 +209,11 @@ def specialize(fn: Any, kernel: Any, launch: PredictedLaunch, target: Target) ->
     backend, binder = _binders[cache_key]
     if kernel.tile is not None:
         config = tile_config(*kernel.tile)
-    elif kernel.kind == "pointwise":
+    elif kernel.kind in FLAT_KINDS:
         config = pointwise_config(launch.xnumel)
     else:
         config = reduction_config(kernel.persistent, launch.xnumel, launch.rnumel, kernel.outer)
-    numels = (launch.xnumel,) if kernel.kind == "pointwise" else (launch.xnumel, launch.rnumel)
+    numels = (launch.xnumel,) if kernel.kind in FLAT_KINDS else (launch.xnumel, launch.rnumel)
     kwargs: dict[str, Any] = dict(config.blocks(), num_warps=config.num_warps)
     # The options JITFunction.run adds before binding (Triton 3.6: debug, instrumentation_mode;
     # 3.9 also fpsan_homomorphic_casts), so the compile options match a first-launch compile.

@@ -18,7 +18,7 @@ import torch
 from torchfuse.codegen.cpp.kernel import CppKernel
 from torchfuse.codegen.triton.kernel import TritonKernel
 from torchfuse.codegen.triton.printer import print_index
-from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph
+from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph, ScatterAdd
 from torchfuse.ir.symbols import contiguous_strides
 from torchfuse.runtime.launch import Launcher
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel
@@ -84,6 +84,7 @@ class WrapperWriter:
             else:  # pointers, and CPU scalars passed by value (read with .item() at the launch)
                 compiled = self.kernels[item.name]
                 reads = compiled.pointer_args + list(getattr(compiled, "scalar_args", ()))
+                reads += [m.node.base for m in item.members if isinstance(m.node, ScatterAdd)]  # taken over
             for name in reads:
                 last[name] = step
         return last
@@ -140,7 +141,9 @@ class WrapperWriter:
     def _emit_kernel(self, kernel: FusedKernel, step: int, last_use: dict[str, int]) -> None:
         compiled = self.kernels[kernel.name]
         for member in kernel.members:
-            if member.stored:
+            if isinstance(member.node, ScatterAdd):
+                self._take_over_base(member.node)
+            elif member.stored:
                 # A mutated input's new value goes into the input (plan.in_place, _allocate);
                 # otherwise the kernel may overwrite a dead buffer it reads element-wise.
                 reused = None if member.node.name in self.plan.in_place else \
@@ -169,6 +172,20 @@ class WrapperWriter:
         else:  # a runtime.launch.Launcher: (xnumel, rnumel, arguments)
             rnumel = py(compiled.rnumel) if compiled.kind == "reduction" else "0"
             self.emit(f"{fn}({py(compiled.xnumel)}, {rnumel}, {', '.join(args)})")
+
+    def _take_over_base(self, node: ScatterAdd) -> None:
+        """A scatter adds into its base's memory (zeros, or a copy of its input, written by an
+        earlier kernel that nothing else reads): its buffer is that tensor under a new name, and
+        the old name is dropped without being pooled for reuse."""
+        base = node.base
+        if base not in self.live or base in self.graph.output_names() or base not in self.allocated_here:
+            raise RuntimeError(f"{node.name} would accumulate into {base}, which the wrapper does not own "
+                               "(a torchfuse bug: lowering gives every scatter a fresh base)")
+        self.emit(f"{node.name} = {base}; del {base}  # {node.name} accumulates into {base}'s memory")
+        self.live.discard(base)
+        self.allocated_here.discard(base)
+        self.live.add(node.name)
+        self.allocated_here.add(node.name)
 
     def _in_place_source(self, compiled, name: str, step: int, last_use: dict[str, int]) -> str | None:
         """A dead input the kernel may overwrite to produce ``name`` (C++ kernels only): one

@@ -82,7 +82,7 @@ def _same_layout(a: Buffer, b: Buffer) -> bool:
 def _reads(item: ScheduledItem) -> set[str]:
     if isinstance(item, ExternKernel):
         return set(item.node.reads())
-    return {load.buffer for member in item.members for load in loads(member.body)}
+    return {load.buffer for member in item.members for expr in member.exprs for load in loads(expr)}
 
 
 def _writer(items: list[ScheduledItem], name: str) -> tuple[FusedKernel | None, KernelMember | None]:

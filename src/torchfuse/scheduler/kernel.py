@@ -2,7 +2,8 @@
 
 A ``FusedKernel`` iterates over ``x_ranges`` (its rows, or all points of a pointwise
 kernel) and, for reductions, ``r_ranges``. Each member node is placed in that space by a
-``var_map`` from the node's own index variables to kernel variables ``x*`` and ``r*``.
+``var_map`` from the node's own index variables to kernel variables ``x*`` and ``r*``. A
+*scatter* kernel has one member, a ``ScatterAdd`` over its source points (``x_ranges``).
 """
 from __future__ import annotations
 
@@ -12,19 +13,23 @@ from typing import Union
 import sympy
 import torch
 
-from torchfuse.ir.expr import Expr, substitute_index
-from torchfuse.ir.graph import Extern, Pointwise, Reduction, Shape
-from torchfuse.ir.symbols import index_vars
+from torchfuse.ir.expr import Expr, IndexEntry, substitute_index
+from torchfuse.ir.graph import Extern, Pointwise, Reduction, ScatterAdd, Shape
+from torchfuse.ir.symbols import index_vars, simplify_index
 
 
 @dataclass(eq=False)
 class KernelMember:
-    node: Union[Pointwise, Reduction]
+    node: Union[Pointwise, Reduction, ScatterAdd]
     var_map: dict[sympy.Symbol, sympy.Expr]
-    # "reduction", "row" (pointwise over the kept dims) or "full" (pointwise over rows x r).
+    # "reduction", "row" (pointwise over the kept dims), "full" (pointwise over rows x r) or
+    # "scatter" (a ScatterAdd over the kernel's points).
     role: str
     stored: bool = True  # False when every reader is inside this kernel
     own_body: Expr | None = None  # the body with producers inlined, in the node's own variables
+    # A scatter's destination index and mask with producers inlined, in its own variables.
+    own_index: tuple[IndexEntry, ...] | None = None
+    own_mask: Expr | None = None
 
     def body_at(self, index) -> Expr:
         """The inlined body read at ``index`` (how kernel-mates recompute a pointwise member)."""
@@ -35,6 +40,28 @@ class KernelMember:
     def body(self) -> Expr:
         """The inlined body in kernel variables."""
         return substitute_index(self.own_body if self.own_body is not None else self.node.body, self.var_map)
+
+    @property
+    def index(self) -> tuple[IndexEntry, ...]:
+        """A scatter's destination index in kernel variables (gathered entries inlined)."""
+        own = self.own_index if self.own_index is not None else self.node.index
+        return tuple(substitute_index(e, self.var_map) if isinstance(e, Expr)
+                     else simplify_index(sympy.sympify(e).xreplace(self.var_map)) for e in own)
+
+    @property
+    def mask(self) -> Expr | None:
+        """A scatter's condition in kernel variables (None: every point adds)."""
+        own = self.own_mask if self.own_mask is not None else getattr(self.node, "mask", None)
+        return substitute_index(own, self.var_map) if own is not None else None
+
+    @property
+    def exprs(self) -> list[Expr]:
+        """Every expression the member evaluates, in kernel variables: its body, and a scatter's
+        mask and gathered index entries."""
+        if not isinstance(self.node, ScatterAdd):
+            return [self.body]
+        mask = self.mask
+        return [self.body, *([mask] if mask is not None else []), *(e for e in self.index if isinstance(e, Expr))]
 
 
 @dataclass(eq=False)
@@ -47,6 +74,8 @@ class FusedKernel:
 
     @property
     def kind(self) -> str:
+        if any(isinstance(m.node, ScatterAdd) for m in self.members):
+            return "scatter"
         return "reduction" if self.r_ranges else "pointwise"
 
     @property

@@ -66,6 +66,10 @@ def full_map(node_vars, red: Reduction, red_map: dict) -> dict:
 
 
 def place(node: Node, kernel: FusedKernel) -> Placement | FusionDecision:
+    if kernel.kind == "scatter":
+        # Its buffer is complete only when every program's additions are done, and its points
+        # are source elements, not destination elements: nothing shares its loop.
+        return FusionDecision.no(f"{kernel.name} is an accumulating scatter: it runs alone")
     if isinstance(node, Reduction):
         return _place_reduction(node, kernel)
     return _place_pointwise(node, kernel)

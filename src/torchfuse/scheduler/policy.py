@@ -23,10 +23,13 @@ class RealizeContext:
     read_by_extern: bool
     reader_count: int  # nodes that would recompute it if inlined
     read_on_other_device: bool = False  # a reader runs on another device (CPU values in a GPU graph)
+    accumulated_into: bool = False  # a scatter's base: the scatter adds into its memory
 
 
 def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
     """Store ``node``'s buffer (True) or recompute it inside each reader (False)."""
+    if ctx.accumulated_into:
+        return FusionDecision.yes("a scatter accumulates into its memory")
     if ctx.is_output:
         return FusionDecision.yes("graph output")
     if ctx.read_by_extern:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from torchfuse.ir.expr import Expr, Load, loads, read_buffers, substitute_index, walk
-from torchfuse.ir.graph import Extern, Graph, Pointwise, Reduction
+from torchfuse.ir.graph import Extern, Graph, Pointwise, Reduction, ScatterAdd
 from torchfuse.ir.symbols import product
 from torchfuse.scheduler import placement as placing
 from torchfuse.scheduler import policy
@@ -22,7 +22,7 @@ from torchfuse.scheduler.devices import may_inline_across, travels_as_value
 from torchfuse.scheduler.in_place import store_mutations_in_place
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel, KernelMember, ScheduledItem
 
-Unit = Union[Pointwise, Reduction, Extern]
+Unit = Union[Pointwise, Reduction, ScatterAdd, Extern]
 
 
 @dataclass
@@ -75,6 +75,7 @@ class _SchedulerState:
     # -- step 1: realize or inline ------------------------------------------------------
     def decide_realized(self, should_realize) -> None:
         outputs = self.graph.output_names()
+        bases = {n.base for n in self.graph.nodes if isinstance(n, ScatterAdd)}
         direct = self._direct_readers()
         effective: dict[str, set[str]] = {}
         for node in reversed(self.graph.nodes):
@@ -87,7 +88,7 @@ class _SchedulerState:
                 else:
                     readers |= effective.get(reader, set())
             effective[node.name] = readers
-            if isinstance(node, Reduction):
+            if isinstance(node, (Reduction, ScatterAdd)):
                 self.realized.add(node.name)
                 continue
             ctx = policy.RealizeContext(
@@ -96,6 +97,7 @@ class _SchedulerState:
                 reader_count=len(readers),
                 read_on_other_device=any(r in self.nodes and not may_inline_across(node, self.nodes[r].device)
                                          for r in direct.get(node.name, [])),
+                accumulated_into=node.name in bases,
             )
             if should_realize(node, ctx):
                 self.realized.add(node.name)
@@ -164,13 +166,17 @@ class _SchedulerState:
         for out in node.outputs:
             self.kernel_of[out.name] = item
 
-    def add_node(self, node: Pointwise | Reduction, worth_fusing) -> None:
+    def add_node(self, node: Pointwise | Reduction | ScatterAdd, worth_fusing) -> None:
         origins: set[str] = set()
 
         def producer_for_this_device(name: str) -> Pointwise | None:
             producer = self.inlinable(name)
             return producer if producer is not None and may_inline_across(producer, node.device) else None
 
+        if isinstance(node, ScatterAdd):
+            self._add_scatter(node, lambda e: inline_producers(e, producer_for_this_device, lambda p: origins.add(p.origin)),
+                              origins)
+            return
         own_body = inline_producers(node.body, producer_for_this_device, lambda p: origins.add(p.origin))
         reads = {load.buffer for load in loads(own_body)}
         for kernel in self._candidates(reads):
@@ -183,6 +189,20 @@ class _SchedulerState:
         result = placing.place(node, kernel)
         member = placing.apply(kernel, node, result)
         member.own_body = own_body
+        self._register(kernel, reads)
+        self._finish_join(node, kernel, set(), origins)
+
+    def _add_scatter(self, node: ScatterAdd, inline, origins: set[str]) -> None:
+        """A scatter is a kernel of its own, over its source points: the producers of its values,
+        index and mask are recomputed inside it. It reads its base (zeros, a copy of the input),
+        which the kernel before it stores and it then adds into."""
+        kernel = FusedKernel(f"kernel{len(self.kernels())}", placing.non_unit(node.source_shape))
+        var_map = placing.row_map(node.vars, node.source_shape, kernel.x_ranges)
+        index = tuple(inline(e) if isinstance(e, Expr) else e for e in node.index)
+        mask = inline(node.mask) if node.mask is not None else None
+        member = KernelMember(node, var_map, "scatter", own_body=inline(node.body), own_index=index, own_mask=mask)
+        kernel.members.append(member)
+        reads = {load.buffer for expr in member.exprs for load in loads(expr)} | {node.base}
         self._register(kernel, reads)
         self._finish_join(node, kernel, set(), origins)
 
@@ -257,7 +277,8 @@ class _SchedulerState:
         for kernel in self.kernels():
             for member in kernel.members:
                 outside = [r for r in self.readers.get(member.node.name, []) if r is not kernel]
-                member.stored = member.node.name in outputs or bool(outside)
+                # A scatter's additions into memory are all it does: always "stored".
+                member.stored = member.node.name in outputs or bool(outside) or member.role == "scatter"
             kernel.inlined_origins = sorted(self.inlined_origins.get(id(kernel), set()))
 
     def ordered_items(self) -> list[ScheduledItem]:

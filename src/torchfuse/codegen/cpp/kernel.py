@@ -10,7 +10,9 @@ is a loop nest (``loops.py`` merges kernel variables where that is free):
   pass over a row re-reads it from cache, so there is no separate "persistent" variant;
   ``split``: the same for a few long rows, each row split across threads;
 - reduction, ``tiled`` strategy (``tiled.py``): when rows are contiguous and the reduced
-  dims are strided (a column sum), a block of rows advances together, innermost.
+  dims are strided (a column sum), a block of rows advances together, innermost;
+- scatter (``scatter.py``): the source points in order, adding into the destination, with
+  the destination's feature dim split among threads (race-free, deterministic).
 
 ``strategies.py`` chooses among them.
 
@@ -28,6 +30,7 @@ from torchfuse.codegen.cpp import strategies
 from torchfuse.codegen.cpp.loops import PARALLEL_GRAIN, Loop, LoopPlan, plan_loops
 from torchfuse.codegen.cpp.prelude import PRELUDE, erf_definition
 from torchfuse.codegen.cpp.printer import compute_dtype, storage_type, value_type
+from torchfuse.codegen.cpp.scatter import destination_offset
 from torchfuse.ir.expr import Expr, IndexValue, Load, substitute_index, transform, walk
 from torchfuse.ir.graph import Buffer, Reduction
 from torchfuse.ir.symbols import contiguous_strides, product, simplify_index
@@ -113,12 +116,14 @@ class CppKernelRenderer:
         """Every index this kernel computes, in kernel variables (for loop merging)."""
         found: list[sympy.Expr] = []
         for member in self.kernel.members:
-            for node in walk(self.inlined(member.body)):
+            for node in (node for expr in member.exprs for node in walk(self.inlined(expr))):
                 if isinstance(node, Load) and not isinstance(getattr(self.members.get(node.buffer), "node", None), Reduction):
                     found.append(self.load_offset(node))
                 elif isinstance(node, IndexValue):
                     found.append(node.index)
-            if member.stored:
+            if member.role == "scatter":
+                found.append(destination_offset(member, self.buffers[member.node.name], {}))
+            elif member.stored:
                 found.append(self.store_offset(member, {}))
             if isinstance(member.node, Reduction) and member.node.reduce_op in ("argmax", "argmin"):
                 found.append(self.flat_r_index({}))

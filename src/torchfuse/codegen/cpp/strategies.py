@@ -2,13 +2,13 @@
 
 Each strategy writes the body of one kernel function into ``top`` through the renderer's
 hooks (values, stores, loops): ``pointwise`` here, ``rows``/``split`` in ``rows.py``,
-``tiled`` in ``tiled.py``.
+``tiled`` in ``tiled.py``, ``scatter`` (accumulating scatters) in ``scatter.py``.
 """
 from __future__ import annotations
 
 import sympy
 
-from torchfuse.codegen.cpp import rows, tiled
+from torchfuse.codegen.cpp import rows, scatter, tiled
 from torchfuse.codegen.cpp.expressions import Scope
 from torchfuse.codegen.cpp.loops import PARALLEL_GRAIN, Loop, close_all, statically_at_least, statically_at_most
 from torchfuse.codegen.cpp.splits import specialize, split_points
@@ -25,6 +25,9 @@ SPLIT_MAX_ROWS = 8
 
 def render(renderer, top: Scope) -> str:
     """Write the kernel body with the strategy that fits it; returns the strategy's name."""
+    if renderer.kernel.kind == "scatter":
+        scatter.render_scatter(renderer, top)
+        return "scatter"
     if renderer.kernel.kind != "reduction":
         render_pointwise(renderer, top)
         return "pointwise"

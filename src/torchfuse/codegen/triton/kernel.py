@@ -22,6 +22,7 @@ from torchfuse.codegen.layout import store_order
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
+from torchfuse.codegen.triton.scatter import emit_scatter, scatter_order
 from torchfuse.codegen.triton.tiles2d import Tile2D, pointwise_tile
 from torchfuse.codegen.triton.tiling import reduction_tiling
 from torchfuse.ir.devices import is_kernel_scalar
@@ -87,6 +88,8 @@ class KernelRenderer:
         if self.is_reduction:
             tiling = reduction_tiling(kernel, buffers)
             x_vars, x_ranges, self.outer = tiling.x_vars, tiling.x_ranges, tiling.outer
+        elif kernel.kind == "scatter":  # scatter.py: atomic adds at runtime indices
+            x_vars, x_ranges = scatter_order(kernel, buffers)
         else:
             store = self._store_offset(kernel, buffers)
             x_vars, x_ranges = store_order(list(kernel.x_vars), list(kernel.x_ranges), store)
@@ -166,6 +169,8 @@ class KernelRenderer:
         self._emit_prologue(top)
         if self.is_reduction:
             self._emit_reduction_members(top)
+        elif self.kernel.kind == "scatter":
+            emit_scatter(self, top)
         else:
             # Values first, then stores: every element is read before it is overwritten, so a
             # member may write a mutated input in place (scheduler/in_place.py).
@@ -373,7 +378,7 @@ def _needs_int64(kernel: FusedKernel, buffers: dict[str, Buffer], size_hint) -> 
     exprs = [product(kernel.x_ranges) * product(kernel.r_ranges)]
     for member in kernel.members:
         exprs.append(buffers[member.node.name].numel)
-        for load in loads(member.body):
+        for load in (load for expr in member.exprs for load in loads(expr)):
             exprs.append(buffers[load.buffer].numel if load.buffer in buffers else 0)
     for expr in exprs:
         if size_symbols(sympy.sympify(expr)):

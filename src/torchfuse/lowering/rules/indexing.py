@@ -1,5 +1,6 @@
 """Indexing ops: regions (``cat``, ``constant_pad_nd``, ``*_scatter``), rearrangements (``flip``,
-``repeat``) and gathers (``embedding``, ``gather``, ``index``, ``index_select``).
+``repeat``) and gathers (``embedding``, ``gather``, ``index``, ``index_select``). Scatters that
+accumulate (embedding's backward, ``index_put`` with ``accumulate=True``) are in ``scatter.py``.
 
 Every rule here is one pointwise node over the output. Regions are ``Where`` over index
 conditions; each region's load is at an index *clamped* into its source, because both sides
@@ -272,12 +273,6 @@ def embedding(ctx: LoweringContext, node: torch.fx.Node, weight: TensorValue, in
         return cast(load_gathered(weight, (row, idx[-1])), meta.dtype)
 
     return ctx.pointwise(output_shape(node), meta.dtype, meta.device, body)
-
-
-@register_lowering(aten.embedding_dense_backward.default)
-def embedding_dense_backward(ctx: LoweringContext, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
-    """A scatter-add (rows hit by several indices accumulate): ATen does it, not a pointwise node."""
-    return NotImplemented
 
 
 @register_lowering(aten.gather.default)
