@@ -14,6 +14,10 @@ arguments straight to the compiled binary's C launcher.
 A specialization compiled ahead (``triton_ahead.py``: predicted from the graph, compiled by the
 worker pool) is given to the launcher with ``prepare``; its first call loads that binary and
 launches it directly, so Triton compiles nothing on the critical path.
+
+In ``mode="max-autotune"`` a launcher has a ``tuner`` (``autotune.KernelTuner``): the first call of
+a specialization asks it for the ``Config`` (timed over candidates now, or read from disk), and
+that config's binary serves every later call.
 """
 from __future__ import annotations
 
@@ -80,6 +84,14 @@ class Config:
     grid: int
     constexprs: tuple[int, ...]  # XBLOCK (and RBLOCK), in the kernel's parameter order
     num_warps: int
+    num_stages: int | None = None  # None: Triton's default (what a launch without it gets)
+
+    def launch_options(self) -> dict[str, int]:
+        """The compile options a launch with this config passes to Triton."""
+        options = {"num_warps": self.num_warps}
+        if self.num_stages is not None:
+            options["num_stages"] = self.num_stages
+        return options
 
 
 def pointwise_config(xnumel: int) -> Config:
@@ -144,9 +156,13 @@ class Launcher:
         # (device, xnumel, rnumel, specialization of each argument) -> a direct launch: a binary
         # is loaded per device, and Triton launches on the current device's current stream.
         self.binaries: dict[tuple, Callable[..., None]] = {}
-        # (xnumel, rnumel, specialization of each argument) -> loads, for the current device, the
-        # binary compiled ahead for it (None if that failed: Triton then compiles as usual).
-        self.ahead: dict[tuple, Callable[[], Any]] = {}
+        # ((xnumel, rnumel, specialization of each argument), Config) -> loads, for the current
+        # device, the binary compiled ahead for it (None if that failed: Triton then compiles as usual).
+        self.ahead: dict[tuple[tuple, Config], Callable[[], Any]] = {}
+        # max-autotune: an ``autotune.KernelTuner`` choosing each specialization's config, and
+        # its choices by (xnumel, rnumel, specialization of each argument).
+        self.tuner: Any = None
+        self.chosen: dict[tuple, Config] = {}
         self.direct = _direct_launch_supported(fn) if direct is None else direct
         self.knobs = _runtime_knobs() if self.direct else None
         # Read from Triton's driver at the first launch (building a wrapper needs no GPU); tests
@@ -165,42 +181,82 @@ class Launcher:
             device = self.current_device()
             key = (device, xnumel, rnumel, *[_specialization(a) for a in args])
             launch = self.binaries.get(key)
-            if launch is None and key[1:] in self.ahead:
-                launch = self._load_ahead(key)
+            if launch is None:
+                launch = self._first_launch(key, args)
             if launch is not None:
                 stats.direct += 1
                 launch(self.current_stream(device), *args)
                 return
-        config = self.config(xnumel, rnumel)
-        numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
+        config = self._chosen_config(key, xnumel, rnumel, args)
+        launch = self.launch_through_triton(config, xnumel, rnumel, args, binary=key is not None)
+        if key is not None and launch is not None:
+            self.binaries[key] = launch
+
+    def prepare(self, xnumel: int, rnumel: int, args: tuple, load: Callable[[], Any],
+                config: Config | None = None) -> None:
+        """Launches over these sizes with arguments of these classes (``PointerArg`` for tensors,
+        the predicted value for scalars) use the ``CompiledKernel`` that ``load`` returns, compiled
+        for ``config`` (default: this launcher's default config for the sizes)."""
+        if self.direct:
+            config = config or self.config(xnumel, rnumel)
+            self.ahead[(predicted_key(xnumel, rnumel, args), config)] = load
+
+    def _first_launch(self, key: tuple, args: tuple) -> Callable[..., None] | None:
+        """The direct launch for a specialization's first call: the tuner's choice (timed now:
+        its binary is compiled already) and the binary compiled ahead for that config; None when
+        Triton must compile it."""
+        spec = key[1:]
+        if self.tuner is not None and spec not in self.chosen:
+            self.chosen[spec], launch = self.tuner.choose(self, key, key[1], key[2], args)
+            if launch is not None:
+                self.binaries[key] = launch
+                return launch
+        launch = self.ahead_launch(key, self.chosen.get(spec) or self.config(key[1], key[2]))
+        if launch is not None:
+            self.binaries[key] = launch
+        return launch
+
+    def _chosen_config(self, key: tuple | None, xnumel: int, rnumel: int, args: tuple) -> Config:
+        """The config of a launch through Triton: the tuner's for this specialization, else the default."""
+        if self.tuner is None:
+            return self.config(xnumel, rnumel)
+        spec = key[1:] if key is not None else (xnumel, rnumel, *specialization(args))
+        if spec not in self.chosen:
+            self.chosen[spec], _ = self.tuner.choose(self, None, xnumel, rnumel, args)
+        return self.chosen[spec]
+
+    def ahead_launch(self, key: tuple, config: Config) -> Callable[..., None] | None:
+        """The direct launch of the binary compiled ahead for this launch key and config (None
+        when there is none, or it could not be loaded: Triton compiles it then)."""
+        load = self.ahead.get((key[1:], config))
+        if load is None:
+            return None
+        compiled = load()  # waits for the worker if it is still compiling
+        if compiled is None:
+            stats.ahead_failed += 1
+            return None
+        stats.ahead += 1
+        return _binary_launch(compiled, config.grid, (*self._numels(key[1], key[2]), *config.constexprs))
+
+    def launch_through_triton(self, config: Config, xnumel: int, rnumel: int, args: tuple,
+                              binary: bool) -> Callable[..., None] | None:
+        """Launch once through ``JITFunction.run`` with ``config`` (compiling if needed); returns
+        the direct launch of the binary it used when ``binary`` is asked for and there is one."""
+        numels = self._numels(xnumel, rnumel)
         names = ("XBLOCK", "RBLOCK")[:len(config.constexprs)]
         with _launch_lock:
             stats.through_triton += 1
             compiled = self.fn[(config.grid,)](*args, *numels, **dict(zip(names, config.constexprs)),
-                                               num_warps=config.num_warps)
-        if key is not None and compiled is not None:
-            self.binaries[key] = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
-
-    def prepare(self, xnumel: int, rnumel: int, args: tuple, load: Callable[[], Any]) -> None:
-        """Launches over these sizes with arguments of these classes (``PointerArg`` for tensors,
-        the predicted value for scalars) use the ``CompiledKernel`` that ``load`` returns."""
-        if self.direct:
-            self.ahead[predicted_key(xnumel, rnumel, args)] = load
-
-    def _load_ahead(self, key: tuple) -> Callable[..., None] | None:
-        compiled = self.ahead[key[1:]]()  # waits for the worker if it is still compiling
-        if compiled is None:
-            stats.ahead_failed += 1
+                                               **config.launch_options())
+        if not binary or compiled is None:
             return None
-        xnumel, rnumel = key[1], key[2]
-        config = self.config(xnumel, rnumel)
-        numels = (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
-        launch = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
-        self.binaries[key] = launch
-        stats.ahead += 1
-        return launch
+        return _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
+
+    def _numels(self, xnumel: int, rnumel: int) -> tuple[int, ...]:
+        return (xnumel,) if self.kind == "pointwise" else (xnumel, rnumel)
 
     def config(self, xnumel: int, rnumel: int) -> Config:
+        """The default config for these sizes (``pointwise_config`` / ``reduction_config``)."""
         if self.kind == "pointwise":
             return pointwise_config(xnumel)
         return reduction_config(self.persistent, xnumel, rnumel, self.outer)
@@ -215,6 +271,12 @@ def _specialization(arg: Any) -> Any:
         # Triton makes 1 a constant, marks multiples of 16, and picks i32 or i64 by range.
         return arg == 1, arg & 15 == 0, -2**31 <= arg < 2**31
     return type(arg)
+
+
+def specialization(args: tuple) -> tuple:
+    """What Triton specializes a launch on, argument by argument (the launch key without the
+    device and sizes)."""
+    return tuple(_specialization(a) for a in args)
 
 
 def predicted_key(xnumel: int, rnumel: int, args: tuple) -> tuple:
