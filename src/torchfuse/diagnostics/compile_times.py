@@ -67,7 +67,8 @@ class CompileTimes:
                      f"first runs waited {self.gpu_wait_s:.2f} s), {self.gpu_jit_launches} launches through "
                      "Triton's JIT")
         if self.autotuned or self.autotune_from_disk:
-            text += (f"; autotune: {self.autotuned} launches timed, {self.autotune_from_disk} choices from disk, "
+            text += (f"; autotune: {self.autotuned} launch{'' if self.autotuned == 1 else 'es'} timed, "
+                     f"{self.autotune_from_disk} choices from disk, "
                      f"{self.autotune_s:.2f} s")
         return text
 

@@ -177,7 +177,7 @@ def _autotune_lines(entries: list[AutotuneEntry]) -> list[str]:
     if not entries:
         return []
     timed = [e for e in entries if e.how == "timed"]
-    counts = [f"{len(timed)} launches timed ({sum(e.candidates for e in timed)} candidates, "
+    counts = [f"{len(timed)} launch{'' if len(timed) == 1 else 'es'} timed ({sum(e.candidates for e in timed)} candidates, "
               f"{sum(e.seconds for e in timed):.2f} s)",
               f"{sum(1 for e in entries if e.how == 'from disk')} from disk",
               f"{sum(1 for e in entries if e.how.startswith('default'))} kept their default untimed"]
