@@ -4,13 +4,14 @@ A ``KernelTuner`` belongs to one ``launch.Launcher``. At the first launch of a s
 (sizes, dtypes, alignment: the launcher's key) the launcher asks it for a ``Config``:
 
 1. the candidates (``autotune_configs.candidate_configs``: the default and a few neighbours);
-   a kernel too small to matter, of a tiling the candidates do not know, or first launched
-   inside a CUDA graph capture keeps its default untimed;
+   a kernel too small to matter, or of a tiling the candidates do not know, keeps its default;
 2. a choice stored on disk for this kernel, launch and machine (``autotune_cache``) is used
    as it is: a second process times nothing;
 3. otherwise each candidate runs on the real arguments, timed (``cuda_timer``: CUDA events
-   around batches of launches; ``host_timer`` for Triton's interpreter), and the fastest wins
-   unless it beats the default by less than ``MARGIN`` (noise must not move a choice).
+   around batches of launches), and the fastest wins unless it beats the default by less than
+   ``MARGIN`` (noise must not move a choice). Nothing is timed inside a CUDA graph capture
+   (the default runs; the runner's warm-up call, which comes first, is where tuning happens)
+   nor for CPU tensors, which run in Triton's interpreter (tests give ``timer_for`` a timer).
 
 Timing must not change results. A kernel writes only the parameters it stores to (read from
 its source: ``tl.store`` / ``tl.atomic_*``). A written tensor whose old value the kernel reads
@@ -126,7 +127,7 @@ class KernelTuner:
         started = time.perf_counter()
         default = launcher.config(xnumel, rnumel)
         candidates = candidate_configs(self.kind, self.persistent, self.outer, xnumel, rnumel)
-        why = _why_untimed(candidates, default, args)
+        why = _why_untuned(candidates, default)
         if why:
             self._report(Choice(self.name, xnumel, rnumel, default, default, f"default: {why}"), "untuned", started)
             return default, None
@@ -136,8 +137,10 @@ class KernelTuner:
             self._report(Choice(self.name, xnumel, rnumel, stored, default, "from disk"), "from_disk", started)
             return stored, None
         timer = timer_for(args)
-        timing_args = scratch_arguments(args, self.effects) if timer is not None else args
-        why = _why_not_timed(timer, timing_args, args)
+        why = _why_not_timed(timer, args)
+        timing_args = scratch_arguments(args, self.effects) if not why else args
+        if not why and specialization(timing_args) != specialization(args):
+            why = "scratch copies of its outputs would not have their alignment"
         if why:
             self._report(Choice(self.name, xnumel, rnumel, default, default, f"default: {why}"), "untuned", started)
             return default, None
@@ -190,21 +193,19 @@ def pick(timings: list[tuple[Config, float]]) -> Config:
     return fastest if seconds < default_seconds * (1 - MARGIN) else default
 
 
-def _why_untimed(candidates: list[Config], default: Config, args: tuple) -> str | None:
+def _why_untuned(candidates: list[Config], default: Config) -> str | None:
     if not candidates or candidates[0] != default:
         return "its launcher's default is not one the candidates are built around (another tiling)"
     if len(candidates) == 1:
         return "too small to matter (the launch costs more than the tile shape)"
-    if _capturing(args):
-        return "first launched inside a CUDA graph capture, where nothing may be timed"
     return None
 
 
-def _why_not_timed(timer: Timer | None, timing_args: list, args: tuple) -> str | None:
+def _why_not_timed(timer: Timer | None, args: tuple) -> str | None:
+    if _capturing(args):  # checked first: not even a scratch copy may be made (it would be recorded)
+        return "first launched inside a CUDA graph capture, where nothing may be timed"
     if timer is None:
         return "no timer for CPU tensors (Triton's interpreter: its speed says nothing of a GPU's)"
-    if specialization(timing_args) != specialization(args):
-        return "scratch copies of its outputs would not have their alignment"
     return None
 
 
