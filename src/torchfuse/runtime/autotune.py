@@ -37,7 +37,7 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -61,6 +61,7 @@ class AutotuneStats:
     failed_candidates: int = 0  # candidates that did not compile or launch (skipped)
     seconds: float = 0.0  # time spent choosing: compiling candidates (or waiting for them) and timing
     timing_seconds: float = 0.0  # of which in the timing loops
+    errors: list[str] = field(default_factory=list)  # the first few failed candidates, and why
 
 
 stats = AutotuneStats()
@@ -170,11 +171,13 @@ class KernelTuner:
                 timings.append((config, timer(run, config)))
                 with _stats_lock:
                     stats.timing_seconds += time.perf_counter() - timing_started
-            except Exception:  # noqa: BLE001 - e.g. too much shared memory: that candidate is out
+            except Exception as error:  # noqa: BLE001 - e.g. too much shared memory: that candidate is out
                 if config == candidates[0]:
                     raise  # the default is what runs without autotuning: its failure is real
                 with _stats_lock:
                     stats.failed_candidates += 1
+                    if len(stats.errors) < 10:
+                        stats.errors.append(f"{self.name} {describe(config)}: {type(error).__name__}: {error}"[:300])
         return timings, launches
 
     def _report(self, choice: Choice, counter: str, started: float) -> None:
