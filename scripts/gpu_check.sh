@@ -11,6 +11,9 @@
 #   bash scripts/gpu_check.sh profile CASES  # per step: wall vs GPU ms, launches, host us/launch, top
 #                                            # kernels; eager, Inductor, torchfuse and both
 #                                            # reduce-overhead modes (issue 15; ~150 s a case)
+#   bash scripts/gpu_check.sh autotune [CASES] # max-autotune (issue 16): its tests, then the bench
+#                                            # of the micro suite (or the named cases) with torchfuse
+#                                            # and both compilers' max-autotune, cold and warm
 # The OpInfo tests need `expecttest`, absent there: carry its wheel in .whl/ (gpu_env.sh installs it).
 # Each step has its own time limit so that a slow one cannot cost the others their results.
 set -uo pipefail
@@ -42,16 +45,29 @@ run_compile() {  # cases: cold (this process) and warm (a child per backend), wi
     echo "compile exit $?" >> "$out/compile.log"
 }
 
+run_autotune() {  # cases (default: the micro suite)
+    timeout 120 python3 -m pytest tests/test_autotune.py tests/test_launch.py -q -p no:cacheprovider \
+        -p no:logging -W ignore --tb=short > "$out/autotune_tests.log" 2>&1
+    echo "autotune tests exit $?" >> "$out/autotune_tests.log"
+    local suite=micro
+    [ -n "$1" ] && suite=all
+    timeout 460 python3 -m torchfuse bench --suite "$suite" --device cuda --repeats 10 \
+        --backends eager,inductor,torchfuse,inductor-max-autotune,torchfuse-max-autotune \
+        --out "$out/autotune" ${1:+--cases "$1"} > "$out/autotune.log" 2>&1
+    echo "autotune exit $?" >> "$out/autotune.log"
+}
+
 case "$what" in
     tests) run_tests ;;
     compile) run_compile "$cases" ;;
+    autotune) run_autotune "$cases" ;;
     micro) run_bench micro 540 ;;
     profile) timeout 560 python3 scripts/gpu_profile.py ${cases:+--cases "$cases"} \
                  --backends eager,inductor,torchfuse,inductor-ro,torchfuse-ro --out "$out/profile" \
                  > "$out/profile.log" 2>&1; echo "profile exit $?" >> "$out/profile.log" ;;
     models) run_bench models 560 ${cases:+--cases "$cases"} ;;
     quick) run_tests; run_bench micro 300 ;;
-    *) echo "usage: bash scripts/gpu_check.sh [tests|micro|models [CASES]|compile CASES|profile CASES|quick]" >&2
+    *) echo "usage: bash scripts/gpu_check.sh [tests|micro|models [CASES]|compile CASES|profile CASES|autotune [CASES]|quick]" >&2
        exit 2 ;;
 esac
 tail -n 4 "$out"/*.log

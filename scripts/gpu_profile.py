@@ -1,6 +1,11 @@
 """Profile whole-model GPU steps: eager, Inductor and torchfuse in one process (bench/profile.py).
 
     python3 scripts/gpu_profile.py --cases gpt2_infer,llama_stack_infer --out $OUT/profile
+    python3 scripts/gpu_profile.py --backends eager,inductor-max-autotune,torchfuse,torchfuse-max-autotune
+
+Backends are those of `torchfuse bench` (runner.BACKENDS): the -ro ones use mode="reduce-overhead",
+the -max-autotune ones mode="max-autotune" (autotuning happens in the three settling steps,
+before anything is profiled).
 
 Per case and backend: wall ms per step, summed GPU kernel ms, wall/GPU, kernel launches, host ms
 to issue the step and host microseconds per launch; then torchfuse's top kernels. Prints a table
@@ -22,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import torch  # noqa: E402
 
+from torchfuse.bench.runner import BACKENDS  # noqa: E402
 from torchfuse.bench.suites import select  # noqa: E402
 from torchfuse.bench.compile_time import compiler_for, use_fresh_caches, warm_up_compilers  # noqa: E402
 from torchfuse.bench.profile import format_profiles, profile_step  # noqa: E402
@@ -40,6 +46,10 @@ def main() -> int:
     use_fresh_caches()
     device = torch.device("cuda")
     backends = args.backends.split(",")
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        print(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+        return 2
     warm_up_compilers(backends, device)
     rows, tops, failures = [], {}, {}
     for case in select("models", device, set(filter(None, args.cases.split(","))) or None):
@@ -54,10 +64,10 @@ def main() -> int:
                 before = (launch.stats.direct, launch.stats.through_triton)
                 profile = profile_step(step, args.steps)
                 rows.append((case.name, backend, profile))
-                if backend == "torchfuse":
+                if backend.startswith("torchfuse"):
                     direct = launch.stats.direct - before[0]
                     through = launch.stats.through_triton - before[1]
-                    tops[case.name] = {"top": [asdict(k) for k in profile.top], "direct": direct,
+                    tops[case.name if backend == "torchfuse" else f"{case.name} ({backend})"] = {"top": [asdict(k) for k in profile.top], "direct": direct,
                                        "through_triton": through}
             except Exception as exc:  # noqa: BLE001 - one backend failing must not end the run
                 traceback.print_exc()

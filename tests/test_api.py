@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import torchfuse
+import torchfuse.options
 from conftest import compile_strict
 
 
@@ -95,8 +96,10 @@ def test_graph_without_inputs_and_lifted_constants():
 
 
 @pytest.mark.parametrize("mode", ["max-autotune", "max-autotune-no-cudagraphs"])
-def test_a_mode_not_yet_implemented_says_so(mode):
-    with pytest.warns(UserWarning, match=f"mode='{mode}' does not autotune kernels yet"):
-        compiled = torchfuse.compile(torch.sin, mode=mode)
-    x = torch.randn(5)
-    torch.testing.assert_close(compiled(x), torch.sin(x))
+def test_max_autotune_turns_autotuning_on_and_an_option_overrides_it(mode):
+    assert torchfuse.options.Options.from_user(None, mode).autotune
+    assert not torchfuse.options.Options.from_user({"autotune": False}, mode).autotune
+    assert torchfuse.options.Options.from_user({"autotune": True}).autotune
+    assert not torchfuse.options.Options.from_user(None, "reduce-overhead").autotune
+    with pytest.raises(ValueError, match="option 'autotune' must be True or False"):
+        torchfuse.options.Options.from_user({"autotune": "yes"}, mode)

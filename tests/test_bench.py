@@ -157,3 +157,37 @@ def test_profile_of_a_gpu_case():
     for backend in ("eager", "torchfuse"):
         p = result.profiles[backend]
         assert p.launches >= 1 and 0 < p.gpu_ms <= p.wall_ms and p.top
+
+
+def test_max_autotune_backends_get_columns_of_their_own():
+    """torchfuse-max-autotune and inductor-max-autotune: speed columns beside the default modes,
+    cold/warm compile columns, torchfuse's autotuning split, and a warm process that timed
+    launches again is a problem."""
+    assert {"torchfuse-max-autotune", "inductor-max-autotune"} <= set(runner.BACKENDS)
+    assert {"torchfuse-max-autotune", "inductor-max-autotune"} <= set(runner.CUDA_GRAPH_BACKENDS)
+    result = runner.CaseResult("layer_norm", "micro", error_bound=1e-4)
+    result.ms = {"eager": 2.0, "inductor": 1.0, "torchfuse": 1.0, "inductor-max-autotune": 0.8,
+                 "torchfuse-max-autotune": 0.5}
+    result.cold_s = {"torchfuse-max-autotune": 3.0, "inductor-max-autotune": 30.0}
+    result.warm_s = {"torchfuse-max-autotune": 0.4, "inductor-max-autotune": 2.0}
+    result.tf_autotune_split_cold = {"autotune": 1.25, "autotuned": 7.0}
+    result.tf_autotune_split_warm = {"autotune": 0.01, "autotuned": 0.0}
+    result.rel_err = {backend: 1e-6 for backend in result.ms}
+    header, table = output.rows([result], math.nan)
+    row = dict(zip(header, table[0]))
+    assert row["torchfuse-max-autotune ms"] == "0.500" and row["torchfuse-max-autotune x"] == "4.00x"
+    assert row["inductor-max-autotune x"] == "2.50x"
+    header, table = output.compile_rows([result])
+    row = dict(zip(header, table[0]))
+    assert row["torchfuse-max-autotune cold/warm s"] == "3.00/0.40"
+    assert row["tf max-autotune: autotune s (launches timed) cold/warm"] == "1.25 (7) / 0.01 (0)"
+    assert not result.problems()
+    result.tf_autotune_split_warm["autotuned"] = 3.0
+    assert any("autotune cache missed" in problem for problem in result.problems())
+    assert compile_time_backends_known()
+
+
+def compile_time_backends_known() -> bool:
+    from torchfuse.bench import compile_time
+
+    return all(callable(compile_time.compiler_for(b)) for b in runner.BACKENDS)

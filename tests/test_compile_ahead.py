@@ -42,7 +42,7 @@ LAUNCH = PredictedLaunch(4096, 0, (PointerArg(torch.float16, True), PointerArg(t
 
 def _compile(kernel, fn, launch_=LAUNCH):
     ready = triton_ahead.compile_ahead({kernel.name: kernel}, {kernel.name: fn}, {kernel.name: launch_}, target=H100)
-    _, loader = ready[kernel.name]
+    _, (loader,) = ready[kernel.name]
     if loader.future is not None:
         assert compile_pool.wait(loader.future)["ok"], loader.future.result()
     return loader
@@ -82,9 +82,9 @@ def test_identical_jobs_compile_once():
     shared = compile_pool.stats.shared
     ready = triton_ahead.compile_ahead({kernel.name: kernel, other.name: other}, {kernel.name: fn, other.name: fn},
                                        {kernel.name: LAUNCH, other.name: LAUNCH}, target=H100)
-    futures = {loader.future for _, loader in ready.values()}
+    futures = {loader.future for _, (loader,) in ready.values()}
     assert len(futures) == 1 and compile_pool.stats.shared == shared + 1
-    assert pool.submit({"kind": "triton", "key": ready[kernel.name][1].key}) in futures
+    assert pool.submit({"kind": "triton", "key": ready[kernel.name][1][0].key}) in futures
 
 
 def test_a_corrupt_binary_is_rebuilt_not_loaded():
@@ -135,7 +135,7 @@ def test_a_failed_compile_leaves_the_kernel_to_triton():
                           "pointwise", False, function=kernel.function)
     broken_fn = kernel_cache.load_kernel(broken.source, broken.function, interpret=False)
     ready = triton_ahead.compile_ahead({"kernel0": broken}, {"kernel0": broken_fn}, {"kernel0": LAUNCH}, target=H100)
-    _, loader = ready["kernel0"]
+    _, (loader,) = ready["kernel0"]
     failed = triton_ahead.stats.failed
     loader.target_now = lambda: H100
     assert loader() is None and triton_ahead.stats.failed == failed + 1
@@ -268,7 +268,7 @@ def test_a_graphs_real_kernels_compile_ahead_for_the_gpu(monkeypatch):
     assert {k.persistent for k in kernels.values() if k.kind == "reduction"} == {True, False}
     ready = triton_ahead.compile_ahead(kernels, fns, predictions, target=H100)
     assert set(ready) == set(kernels)
-    for name, (launch_, loader) in ready.items():
+    for name, (launch_, (loader,)) in ready.items():
         if loader.future is not None:
             reply = compile_pool.wait(loader.future)
             assert reply["ok"], reply
@@ -286,7 +286,7 @@ def test_with_no_workers_only_binaries_on_disk_are_used(monkeypatch):
     monkeypatch.setenv("TORCHFUSE_COMPILE_WORKERS", "0")
     assert compile_pool.get_pool() is None
     again = triton_ahead.compile_ahead({"kernel0": kernel}, {"kernel0": fn}, {"kernel0": LAUNCH}, target=H100)
-    assert again["kernel0"][1].key == on_disk.key and again["kernel0"][1].future is None
+    assert again["kernel0"][1][0].key == on_disk.key and again["kernel0"][1][0].future is None
     other, other_fn = _kernel(9.0)
     failed = triton_ahead.stats.failed
     assert triton_ahead.compile_ahead({"kernel0": other}, {"kernel0": other_fn}, {"kernel0": LAUNCH}, target=H100) == {}

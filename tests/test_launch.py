@@ -72,10 +72,10 @@ def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary()
 
 def test_2d_tiles_fill_the_gpu_and_launch_like_1d_kernels():
     # 64 x 64 tiles while the grid fills 132 SMs twice; each side shrinks, not below 32, until it does.
-    assert launch.tile_config(1, 4096, 4096) == launch.Config(4096, (64, 64), 8, ("YBLOCK", "XBLOCK"))
-    assert launch.tile_config(32, 3136, 64) == launch.Config(1568, (64, 64), 8, ("YBLOCK", "XBLOCK"))
-    assert launch.tile_config(1, 512, 256) == launch.Config(128, (32, 32), 4, ("YBLOCK", "XBLOCK"))
-    assert launch.tile_config(3, 20, 33) == launch.Config(3, (32, 64), 4, ("YBLOCK", "XBLOCK"))  # small: kept
+    assert launch.tile_config(1, 4096, 4096) == launch.Config(4096, (64, 64), 8, names=("YBLOCK", "XBLOCK"))
+    assert launch.tile_config(32, 3136, 64) == launch.Config(1568, (64, 64), 8, names=("YBLOCK", "XBLOCK"))
+    assert launch.tile_config(1, 512, 256) == launch.Config(128, (32, 32), 4, names=("YBLOCK", "XBLOCK"))
+    assert launch.tile_config(3, 20, 33) == launch.Config(3, (32, 64), 4, names=("YBLOCK", "XBLOCK"))  # small: kept
     fn = FakeJit()
     launcher = Launcher(fn, "pointwise", direct=True, current_device=lambda: 0, current_stream=lambda device: 7,
                         tile=(2, 96, 80))
@@ -133,3 +133,22 @@ def test_gpu_launches_go_straight_to_the_binary_and_match_eager():
     big = torch.randn(300 * 500 + 1, device="cuda")
     shifted = big[1:].view(300, 500)
     torch.testing.assert_close(compiled(shifted, y), fn(shifted, y))
+
+
+def test_the_written_out_specialization_equals_the_generic_one():
+    """Launcher keys use spec_function's straight-line code; it must give exactly what
+    specialization gives (the key predicted launches are filed under), and raise or defer to
+    it when an argument's class changes."""
+    from torchfuse.runtime.launch import spec_function, specialization
+
+    base = torch.empty(64, dtype=torch.float32)
+    args = (base, base[1:], torch.empty(3, dtype=torch.bfloat16), 1, 16, 17, 2**31, -2**31 - 1, 0.5, True)
+    fn = spec_function(args)
+    assert fn(*args) == specialization(args)
+    for other in [(base[2:], base, base[:3].to(torch.bfloat16), 32, 1, 2**40, 5, 7, 1.5, False),
+                  (base, base, base, 3, 3, 3, 3, 3, 0.25, True)]:
+        assert fn(*other) == specialization(other)
+    swapped = (base, base, base, True, 16, 17, 1, 1, 0.5, 3)  # a bool where an int was, and back
+    assert fn(*swapped) == specialization(swapped)
+    with pytest.raises((AttributeError, TypeError)):
+        fn(1, *args[1:])  # an int where a tensor was

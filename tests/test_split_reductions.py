@@ -139,20 +139,6 @@ def test_channels_last_statistics_through_a_cast(shape):
     assert splits() and all("(outer)" in note for note in splits()), splits()
 
 
-def test_a_long_chain_that_reuses_its_values_compiles():
-    """Each value is read twice by the next (a residual gradient through many layers): the
-    orientation vote inlines producers a few levels deep, not the whole chain (2**40 paths)."""
-    x = floats((300, 6), torch.float32, -1, 1, specials=[], seed=12)
-
-    def build(x):
-        y = x
-        for _ in range(40):
-            y = y * 0.5 + torch.sin(y)
-        return {"column_sum": y.sum(0), "chain": y}
-
-    run_named(build, x)
-
-
 def test_prologues_and_epilogues():
     x = floats((800, 6), torch.float32, -2, 2, specials=[], seed=8)
     b = floats((6,), torch.float32, specials=[], seed=9)

@@ -6,7 +6,6 @@ package's ``__init__`` exports them with these names.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -27,14 +26,18 @@ def compile(model_or_fn: Callable, *, fullgraph: bool = False, dynamic: bool | N
         model_or_fn: an ``nn.Module`` or a function of tensors.
         fullgraph: raise on graph breaks instead of running the breaking code eagerly.
         dynamic: None (recompile shape-generic after a shape changes), True or False.
-        mode: one of ``torchfuse.options.MODES``.
+        mode: one of ``torchfuse.options.MODES``: "default"; "reduce-overhead" replays CUDA
+            graphs; "max-autotune" also times candidate block sizes of each GPU kernel at its
+            first launch and keeps the fastest (cached on disk); "max-autotune-no-cudagraphs"
+            only autotunes. Autotuning applies to Triton kernels; C++ kernels (CPU tensors)
+            run as in the default mode, and a warning says so.
         options: torchfuse options (see ``torchfuse.options.Options``), e.g.
-            ``{"target": "triton", "strict": True, "dump": ["ir"]}``.
+            ``{"target": "triton", "strict": True, "dump": ["ir"]}``; ``{"autotune": True}``
+            autotunes in any mode, ``False`` turns it off in the max-autotune modes.
     Returns:
         What ``torch.compile`` returns.
     """
     validated = Options.from_user(options, mode)
-    _warn_about_mode(mode)
     return torch.compile(model_or_fn, backend=make_backend(validated), fullgraph=fullgraph, dynamic=dynamic)
 
 
@@ -42,15 +45,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) 
     """The Dynamo backend: ``torch.compile(m, backend="torchfuse")``, which hands it ``mode=``
     and ``options=`` when the caller gives them."""
     mode = kwargs.get("mode") or "default"
-    _warn_about_mode(mode)
     return make_backend(Options.from_user(kwargs.get("options"), mode))(gm, example_inputs)
-
-
-def _warn_about_mode(mode: str) -> None:
-    if mode.startswith("max-autotune"):
-        # Accepted so that code written for torch.compile runs, but not silently ignored.
-        graphs = "with CUDA graphs as in mode='reduce-overhead'" if mode == "max-autotune" else "without CUDA graphs"
-        warnings.warn(f"torchfuse: mode={mode!r} does not autotune kernels yet; compiling {graphs}", stacklevel=3)
 
 
 def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]], Callable]:

@@ -17,6 +17,9 @@ class Options:
     mode: str = "default"
     cache_dir: str | None = None
     check: bool = False  # also run each graph with ATen and compare (slow; for debugging)
+    # Time candidate block sizes of each Triton kernel at its first launch and keep the fastest
+    # (runtime/autotune.py); on by default in the max-autotune modes.
+    autotune: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
@@ -36,4 +39,6 @@ class Options:
         if bad:
             raise ValueError(f"unknown dump stage(s) {bad}; valid stages: {', '.join(STAGES)}")
         options["dump"] = dump
+        if not isinstance(options.setdefault("autotune", mode.startswith("max-autotune")), bool):
+            raise ValueError(f"option 'autotune' must be True or False, not {options['autotune']!r}")
         return Options(mode=mode, **options)

@@ -18,10 +18,11 @@ from torch.utils._pytree import tree_leaves
 
 import torchfuse.scheduler.schedule as scheduling  # a module, so a test can replace its schedule()
 from torchfuse.codegen.cpp.kernel import CppKernel
+from torchfuse.codegen.triton.kernel import TritonKernel
 from torchfuse.codegen.triton.kernel import render_kernel as render_triton_kernel
 from torchfuse.codegen.triton.split import split_reductions
 from torchfuse.diagnostics import report as reports
-from torchfuse.diagnostics.model import GraphReport, KernelReport
+from torchfuse.diagnostics.model import AutotuneEntry, GraphReport, KernelReport
 from torchfuse.diagnostics.traffic import TrafficCounter
 from torchfuse.frontend.aot import mutated_inputs, saved_outputs_start
 from torchfuse.frontend.symbolic import shape_env_of, size_hint
@@ -32,7 +33,7 @@ from torchfuse.lowering.devices import check_one_device, place_on_one_device
 from torchfuse.lowering.driver import lower
 from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls
 from torchfuse.options import Options
-from torchfuse.runtime import cpp_build, cudagraphs, graph_cache, kernel_cache, triton_ahead, wrapper
+from torchfuse.runtime import autotune, cpp_build, cudagraphs, graph_cache, kernel_cache, triton_ahead, wrapper
 from torchfuse.runtime.predict import Unpredicted, predict_launches
 from torchfuse.scheduler.kernel import FusedKernel
 
@@ -92,6 +93,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
     state = CompileState(gm, list(example_inputs), options, target, graph_report)
     try:
         call = _run_stages_or_restore(state)
+        _note_untuned_cpp_kernels(state)
         if options.mode in CUDA_GRAPH_MODES:
             call = _with_cuda_graphs(call, state)
         if options.check or os.environ.get("TORCHFUSE_CHECK") == "1":
@@ -228,7 +230,7 @@ def _restore(state: CompileState, entry: graph_cache.GraphEntry) -> None:
     state.predictions = entry.predictions
     _compile_ahead(state)
     state.call = wrapper.bind_wrapper(entry.wrapper_source, entry.wrapper_constants, tensor_constants, launchers,
-                                      state.report.name, state.ahead)
+                                      state.report.name, state.ahead, _tuners(state))
     stored = copy.deepcopy(entry.report)
     for name in RESTORED_REPORT_FIELDS:
         setattr(state.report, name, getattr(stored, name))
@@ -388,7 +390,10 @@ def _compile_ahead(state: CompileState) -> None:
     the wrapper's launchers get their loaders. The report says what each kernel got."""
     if not state.predictions:
         return
-    state.ahead = triton_ahead.compile_ahead(state.kernels, state.launchers, state.predictions)
+    configs = None
+    if state.options.autotune:  # the candidates (or the choice on disk), compiled ahead with the rest
+        configs = autotune.configs_to_compile(state.kernels, state.predictions, triton_ahead.default_config)
+    state.ahead = triton_ahead.compile_ahead(state.kernels, state.launchers, state.predictions, configs=configs)
     for name, prediction in state.predictions.items():
         if name in state.ahead:
             state.report.binaries[name] = "compiled ahead"
@@ -415,10 +420,41 @@ def stage_wrapper(state: CompileState) -> None:
         state.call = _run_with_aten(state.gm)
         return
     call, source, constants = wrapper.build_wrapper(state.graph, state.plan, state.kernels, state.launchers,
-                                                    state.ahead)
+                                                    state.ahead, _tuners(state))
     state.report.wrapper_source = source
     state.wrapper_constants = constants
     state.call = call
+
+
+def _tuners(state: CompileState) -> dict[str, autotune.KernelTuner] | None:
+    """Under autotuning, a tuner per Triton kernel, recording its choices in the graph's report."""
+    if not state.options.autotune:
+        return None
+
+    def record(choice: autotune.Choice) -> None:
+        state.report.autotune.append(_autotune_entry(choice))
+
+    return {name: autotune.KernelTuner(name, kernel, record) for name, kernel in state.kernels.items()
+            if isinstance(kernel, TritonKernel)}
+
+
+def _autotune_entry(choice: autotune.Choice) -> AutotuneEntry:
+    timings = dict(choice.timings)
+    us = lambda seconds: None if seconds is None else seconds * 1e6  # noqa: E731
+    return AutotuneEntry(choice.kernel, f"{choice.xnumel} x {choice.rnumel}", autotune.describe(choice.config),
+                         autotune.describe(choice.default), choice.how, us(timings.get(choice.config)),
+                         us(timings.get(choice.default)), len(choice.timings), choice.seconds)
+
+
+def _note_untuned_cpp_kernels(state: CompileState) -> None:
+    """Autotuning has nothing to tune in C++ kernels: say so in the report, and once per process."""
+    cpp = [name for name, kernel in state.kernels.items() if isinstance(kernel, CppKernel)]
+    if not state.options.autotune or not cpp:
+        return
+    why = "not tuned: C++ kernels (CPU tensors) keep their fixed loops"
+    state.report.autotune += [AutotuneEntry(name, "", "", "", why) for name in cpp]
+    cpp_build.warn_once("torchfuse: autotuning (mode='max-autotune') tunes Triton kernels for GPUs only; "
+                        "C++ kernels for CPU tensors run as in the default mode")
 
 
 STAGES: list[tuple[str, Callable[[CompileState], None]]] = [

@@ -60,10 +60,14 @@ def compiler_for(backend: str) -> Callable[[Callable[..., Any]], Callable[..., A
         return lambda fn: torch.compile(fn, mode="reduce-overhead")
     if backend == "torchfuse-ro":
         return lambda fn: torchfuse.compile(fn, mode="reduce-overhead")
+    if backend == "inductor-max-autotune":
+        return lambda fn: torch.compile(fn, mode="max-autotune")
+    if backend == "torchfuse-max-autotune":
+        return lambda fn: torchfuse.compile(fn, mode="max-autotune")
     if backend == "dynamo":
         return lambda fn: torch.compile(fn, backend="eager")
     raise ValueError(f"unknown backend {backend!r}; choose from eager, inductor, torchfuse, inductor-ro, "
-                     "torchfuse-ro, dynamo")
+                     "torchfuse-ro, inductor-max-autotune, torchfuse-max-autotune, dynamo")
 
 
 def warm_up_compilers(backends: list[str], device: torch.device) -> None:
@@ -110,7 +114,7 @@ def timed_first_call(make: Callable[[], Callable[[], Any]], device: torch.device
 def measure_warm(case_names: list[str], backends: list[str], device: torch.device,
                  quick: bool) -> dict[str, dict[str, dict[str, float]]]:
     """Warm compile seconds per case, as ``{case: {"seconds": {backend: s}, "backend_seconds":
-    {backend: s}, "split": {"torchfuse": {part: s}}}}`` (plus "dynamo", the floor, in "seconds"),
+    {backend: s}, "split": {"torchfuse...": {part: s}}}}`` (plus "dynamo", the floor, in "seconds"),
     each backend in its own process; a backend whose process fails is left out (it says why)."""
     compiled = [b for b in backends if b != "eager"]
     if not compiled or not case_names:
@@ -158,7 +162,7 @@ def _warm_main(argv: list[str] | None = None) -> int:
             measured["seconds"][backend] = first.seconds
             if backend != "dynamo":
                 measured["backend_seconds"][backend] = first.backend_seconds
-            if backend == "torchfuse":
+            if backend.startswith("torchfuse"):
                 measured["split"][backend] = first.split
             del first
         torch._dynamo.reset()

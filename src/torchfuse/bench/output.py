@@ -17,12 +17,13 @@ if TYPE_CHECKING:
     from torchfuse.bench.runner import CaseResult
 
 COMPILED = ("inductor", "torchfuse")
-# CUDA graphs (mode="reduce-overhead") for both compilers: columns of their own when run.
-REDUCE_OVERHEAD = ("inductor-ro", "torchfuse-ro")
+# Other modes of both compilers, columns of their own when run: CUDA graphs
+# (mode="reduce-overhead"), autotuning with CUDA graphs (mode="max-autotune").
+MODES = ("inductor-ro", "torchfuse-ro", "inductor-max-autotune", "torchfuse-max-autotune")
 
 
-def reduce_overhead_backends(results: list[CaseResult]) -> list[str]:
-    return [b for b in REDUCE_OVERHEAD if any(b in r.ms or b in r.errors for r in results)]
+def mode_backends(results: list[CaseResult]) -> list[str]:
+    return [b for b in MODES if any(b in r.ms or b in r.errors for r in results)]
 
 
 def environment(device: torch.device) -> dict[str, str]:
@@ -66,7 +67,7 @@ def _fmt(value: float | int | None, spec: str, suffix: str = "") -> str:
 
 def rows(results: list[CaseResult], copy_gbs: float) -> tuple[list[str], list[list[str]]]:
     """The table's header and rows, shared by the terminal and Markdown renderings."""
-    extra = reduce_overhead_backends(results)
+    extra = mode_backends(results)
     header = ["case", "suite", "eager ms", "inductor ms", "torchfuse ms", "inductor x", "torchfuse x",
               *(f"{b} {unit}" for b in extra for unit in ("ms", "x")),
               "peak MB e/i/t", "kernels e/i/t", "BW % copy i/t", "tf error", "ok"]
@@ -121,14 +122,22 @@ def problem_lines(results: list[CaseResult]) -> list[str]:
 
 
 def compile_rows(results: list[CaseResult]) -> tuple[list[str], list[list[str]]]:
-    """The compile-time table: whole first calls, the part inside each backend, torchfuse's warm/cold."""
+    """The compile-time table: whole first calls, the part inside each backend, torchfuse's warm/cold;
+    then cold/warm first calls of the other modes run, and torchfuse's autotuning in max-autotune."""
+    extra = mode_backends(results)
+    autotuned = "torchfuse-max-autotune" in extra
     header = ["case", "cold s ind/tf", "warm s ind/tf/dyn", "in backend cold s ind/tf",
               "in backend warm s ind/tf", "tf warm/cold: whole, in backend", "tf cold: " + SPLIT_TITLE,
-              "tf warm: " + SPLIT_TITLE]
+              "tf warm: " + SPLIT_TITLE, *(f"{b} cold/warm s" for b in extra),
+              *(["tf max-autotune: autotune s (launches timed) cold/warm"] if autotuned else [])]
     table = []
     for r in results:
         if r.skipped or "build" in r.errors:
             continue
+        modes = ["/".join(_fmt(seconds.get(b), ".2f") for seconds in (r.cold_s, r.warm_s)) for b in extra]
+        if autotuned:
+            modes.append(" / ".join(_autotune_split(split) for split in (r.tf_autotune_split_cold,
+                                                                         r.tf_autotune_split_warm)))
         table.append([
             r.case,
             "/".join(_fmt(r.cold_s.get(b), ".2f") for b in COMPILED),
@@ -136,9 +145,15 @@ def compile_rows(results: list[CaseResult]) -> tuple[list[str], list[list[str]]]
             "/".join(_fmt(r.backend_cold_s.get(b), ".3f") for b in COMPILED),
             "/".join(_fmt(r.backend_warm_s.get(b), ".3f") for b in COMPILED),
             f"{_ratio(r.warm_s, r.cold_s)}, {_ratio(r.backend_warm_s, r.backend_cold_s)}",
-            _split(r.tf_split_cold), _split(r.tf_split_warm),
+            _split(r.tf_split_cold), _split(r.tf_split_warm), *modes,
         ])
     return header, table
+
+
+def _autotune_split(split: dict[str, float]) -> str:
+    if not split:
+        return "-"
+    return f"{_fmt(split.get('autotune'), '.2f')} ({split.get('autotuned', 0):.0f})"
 
 
 # torchfuse's first call, split (diagnostics/compile_times.py): Dynamo's capture, AOTAutograd, our
@@ -168,7 +183,7 @@ def summary_lines(results: list[CaseResult], copy_gbs: float) -> list[str]:
         done = [r for r in results if r.suite == suite and not r.skipped and "build" not in r.errors]
         if done:
             means = ", ".join(f"{b} {geomean([r.speedup(b) for r in done]):.2f}x"
-                              for b in (*COMPILED, *reduce_overhead_backends(results)))
+                              for b in (*COMPILED, *mode_backends(results)))
             lines.append(f"{suite}: geometric-mean speedup over eager: {means}")
     if not math.isnan(copy_gbs):
         lines.append(f"copy bandwidth (read + write) measured in this run: {copy_gbs:.0f} GB/s")
@@ -188,7 +203,10 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
     lines += ["| " + " | ".join(row) + " |" for row in table]
     lines += ["", "Cases:"]
     lines += [f"- {case}: {note}" for case, note in notes.items()]
-    lines += ["", "x: speedup over eager. cold: first call with empty disk caches (Dynamo, AOTAutograd, the "
+    lines += ["", "x: speedup over eager. -ro: mode=\"reduce-overhead\" (CUDA graphs); -max-autotune: "
+                  "mode=\"max-autotune\" (Inductor: its kernel and GEMM autotuning; torchfuse: block sizes of "
+                  "its Triton kernels timed at first launches, kept on disk; both with CUDA graphs); their "
+                  "outputs are checked on the third call (a replay). cold: first call with empty disk caches (Dynamo, AOTAutograd, the "
                   "backend, its compiler); warm: the same in a later process per backend with the disk caches "
                   "filled; dyn: Dynamo's capture alone (backend=\"eager\"), the floor under any warm time; "
                   "in backend: the part of a first call inside the backend (AOTAutograd and after, "
@@ -198,7 +216,9 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
                   "Dynamo's capture / AOTAutograd / torchfuse's stages / the C++ compiler / first "
                   "launches waiting for GPU compiles, seconds; then the workers' compile seconds "
                   "(summed over workers) with the number of GPU compile jobs (0 in a warm process); "
-                  "launches through Triton's JIT. A full "
+                  "launches through Triton's JIT. tf max-autotune: the seconds its first launches spent "
+                  "choosing block sizes (compiling or waiting for candidates, timing them) and how many "
+                  "launches were timed (none in a warm process: the choices come from disk). A full "
                   "garbage collection runs before each timed first call. "
                   "peak MB: memory a call allocates beyond what was live before it. BW % copy: "
                   "(inputs + outputs bytes) / time, against a device-to-device copy. tf error: the worst "
@@ -265,7 +285,7 @@ def bar_chart(results: list[CaseResult], path: Path) -> bool:
         return False
     done = [r for r in results if not r.skipped and "build" not in r.errors]
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(done)), 4))
-    backends = [*COMPILED, *reduce_overhead_backends(results)]
+    backends = [*COMPILED, *mode_backends(results)]
     width = 0.8 / len(backends)
     for i, backend in enumerate(backends):
         values = [r.speedup(backend) if not math.isnan(r.speedup(backend)) else 0 for r in done]

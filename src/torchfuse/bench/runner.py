@@ -27,9 +27,12 @@ from torchfuse.diagnostics.compile_times import compile_events
 from torchfuse.bench.cases import Case, Workload
 from torchfuse.bench.suites import select
 
-BACKENDS = ("eager", "inductor", "torchfuse", "inductor-ro", "torchfuse-ro")
-# mode="reduce-overhead": the first call runs without CUDA graphs (warm-up), the second records
-# and the third replays; the output checked is the third's.
+BACKENDS = ("eager", "inductor", "torchfuse", "inductor-ro", "torchfuse-ro", "inductor-max-autotune",
+            "torchfuse-max-autotune")
+# mode="reduce-overhead" and "max-autotune" (both compilers record CUDA graphs in it): the first
+# call runs without CUDA graphs (warm-up; autotuning happens there), the second records and the
+# third replays; the output checked is the third's.
+CUDA_GRAPH_BACKENDS = ("inductor-ro", "torchfuse-ro", "inductor-max-autotune", "torchfuse-max-autotune")
 CALLS_UNTIL_REPLAYED = 3
 CASE_STAGES = ("build", "reference", "timing")  # keys of CaseResult.errors that are not backends
 
@@ -48,6 +51,9 @@ class CaseResult:
     # torchfuse's first calls split (diagnostics/compile_times.CompileTimes.as_dict)
     tf_split_cold: dict[str, float] = field(default_factory=dict)
     tf_split_warm: dict[str, float] = field(default_factory=dict)
+    # the same for torchfuse in max-autotune (its "autotune" seconds and launches "autotuned")
+    tf_autotune_split_cold: dict[str, float] = field(default_factory=dict)
+    tf_autotune_split_warm: dict[str, float] = field(default_factory=dict)
     tf_compiles_while_timed: int = 0  # compiles torchfuse started during timed steps: must be 0
     kernels: dict[str, int] = field(default_factory=dict)
     peak_mb: dict[str, float] = field(default_factory=dict)
@@ -94,6 +100,9 @@ class CaseResult:
         if backend == "torchfuse" and self.tf_split_warm.get("gpu_compiled"):
             found.append(f"torchfuse's warm process compiled {self.tf_split_warm['gpu_compiled']:.0f} GPU kernel(s): "
                          "the binary cache missed")
+        if backend == "torchfuse" and self.tf_autotune_split_warm.get("autotuned"):
+            found.append(f"torchfuse's warm max-autotune process timed {self.tf_autotune_split_warm['autotuned']:.0f} "
+                         "launch(es) again: the autotune cache missed")
         if backend == "torchfuse" and self.tf_compiles_while_timed:
             found.append(f"torchfuse compiled {self.tf_compiles_while_timed} kernel(s) during timed steps, "
                          "after the first call")
@@ -105,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", choices=["micro", "models", "all"], default="all")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     p.add_argument("--backends", default=",".join(BACKENDS[:3]),
-                   help="comma-separated, from " + ",".join(BACKENDS) + " (-ro: mode='reduce-overhead', CUDA graphs)")
+                   help="comma-separated, from " + ",".join(BACKENDS) + " (-ro: mode='reduce-overhead', CUDA graphs; "
+                        "-max-autotune: mode='max-autotune', autotuning and CUDA graphs)")
     p.add_argument("--cases", default="", help="comma-separated case names (default: all of the suite)")
     p.add_argument("--out", default="bench-out", help="directory for results.json/.md/.png (default: bench-out)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds per case (default 30; --quick 3)")
@@ -151,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             result.warm_s.update(measured.get("seconds", {}))
             result.backend_warm_s.update(measured.get("backend_seconds", {}))
             result.tf_split_warm = measured.get("split", {}).get("torchfuse", {})
+            result.tf_autotune_split_warm = measured.get("split", {}).get("torchfuse-max-autotune", {})
     out_dir = Path(args.out)
     output.write_all(results, env, copy_gbs, repeats, args.quick, out_dir)
     bad = [f"{r.case}/{b}" for r in results for b in backends if b in r.rel_err and not r.accurate(b)]
@@ -239,7 +250,7 @@ def _first_calls(workload: Workload, backends: list[str], device: torch.device, 
         try:
             step, out, seconds, backend_seconds, split = compile_time.timed_first_call(
                 lambda: workload.make_step(compile_time.compiler_for(backend)), device)
-            if backend.endswith("-ro"):
+            if backend in CUDA_GRAPH_BACKENDS:
                 for _ in range(CALLS_UNTIL_REPLAYED - 1):
                     del out
                     out = step()
@@ -248,6 +259,8 @@ def _first_calls(workload: Workload, backends: list[str], device: torch.device, 
                 result.backend_cold_s[backend] = backend_seconds
             if backend == "torchfuse":
                 result.tf_split_cold = split
+            if backend == "torchfuse-max-autotune":
+                result.tf_autotune_split_cold = split
             if reference is None and backend == "eager":  # keep a copy, later steps may reuse memory
                 reference = [t.detach().clone() for t in measure.flat_tensors(out)]
             if reference is not None:  # without it (eager failed) nothing is checked: the row says so

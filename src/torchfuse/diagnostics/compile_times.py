@@ -10,7 +10,9 @@ GPU compile statistics), so ``snapshot()`` taken before and after a call and sub
   which includes the C++ compiler, shown apart;
 - GPU kernels: Triton compiles in the worker pool (summed over workers: they run beside all of
   the above) and the time first launches waited for them (on the critical path, outside the
-  backend), plus launches Triton compiled itself at a first launch (not predicted, or failed).
+  backend), plus launches Triton compiled itself at a first launch (not predicted, or failed);
+- autotuning (max-autotune): first launches choosing their block sizes, candidates' compiles
+  (or waits for them) and timing included; launches timed, and choices read from disk.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass, fields
 
 from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend.dynamo_events import BACKEND_TIMER, DYNAMO_TIMER, dynamo_timer_seconds
-from torchfuse.runtime import compile_pool, cpp_build, launch, triton_ahead
+from torchfuse.runtime import autotune, compile_pool, cpp_build, launch, triton_ahead
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class CompileTimes:
     gpu_ahead: int = 0  # binaries compiled ahead (workers) or found on disk
     gpu_compiled: int = 0  # of which compiled by a worker (a warm process must have none)
     gpu_jit_launches: int = 0  # launches through Triton's JIT (a first launch of a specialization)
+    autotune_s: float = 0.0  # first launches choosing their configs (max-autotune)
+    autotuned: int = 0  # launches whose candidates were timed (a warm process must have none)
+    autotune_from_disk: int = 0  # launches whose choice an earlier process stored
 
     @property
     def capture_s(self) -> float:
@@ -49,7 +54,9 @@ class CompileTimes:
         """The split in seconds, as the benchmark records it."""
         return {"capture": self.capture_s, "aot": self.aot_s, "ours": self.ours_s - self.cpp_compiler_s,
                 "cpp": self.cpp_compiler_s, "gpu_wait": self.gpu_wait_s, "gpu_workers": self.gpu_workers_s,
-                "gpu_compiled": float(self.gpu_compiled), "gpu_jit_launches": float(self.gpu_jit_launches)}
+                "gpu_compiled": float(self.gpu_compiled), "gpu_jit_launches": float(self.gpu_jit_launches),
+                "autotune": self.autotune_s, "autotuned": float(self.autotuned),
+                "autotune_from_disk": float(self.autotune_from_disk)}
 
     def __str__(self) -> str:
         text = (f"compile time: Dynamo capture {self.capture_s:.2f} s, AOTAutograd {self.aot_s:.2f} s, "
@@ -59,6 +66,10 @@ class CompileTimes:
                      f"({self.gpu_workers_s:.2f} s in workers, "
                      f"first runs waited {self.gpu_wait_s:.2f} s), {self.gpu_jit_launches} launches through "
                      "Triton's JIT")
+        if self.autotuned or self.autotune_from_disk:
+            text += (f"; autotune: {self.autotuned} launch{'' if self.autotuned == 1 else 'es'} timed, "
+                     f"{self.autotune_from_disk} choices from disk, "
+                     f"{self.autotune_s:.2f} s")
         return text
 
 
@@ -69,7 +80,8 @@ def snapshot(graphs: list[GraphReport]) -> CompileTimes:
         ours_s=sum(sum(g.stage_seconds.values()) for g in graphs), cpp_compiler_s=cpp_build.stats.compiler_seconds,
         gpu_workers_s=compile_pool.stats.worker_seconds, gpu_wait_s=triton_ahead.stats.wait_seconds,
         gpu_ahead=triton_ahead.stats.predicted, gpu_compiled=triton_ahead.stats.compiled,
-        gpu_jit_launches=launch.stats.through_triton)
+        gpu_jit_launches=launch.stats.through_triton, autotune_s=autotune.stats.seconds,
+        autotuned=autotune.stats.timed, autotune_from_disk=autotune.stats.from_disk)
 
 
 def compile_events() -> int:

@@ -76,6 +76,21 @@ def _total(accesses: list[BufferAccess]) -> int | None:
     return None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
 
 
+@dataclass(frozen=True)
+class AutotuneEntry:
+    """How one kernel launch got its block sizes under autotuning (``mode="max-autotune"``)."""
+
+    kernel: str
+    sizes: str  # "xnumel x rnumel" of the launch
+    config: str  # the config it runs with, e.g. "XBLOCK 8, RBLOCK 512, 8 warps"
+    default: str  # the config the default mode uses
+    how: str  # "timed", "from disk", "default: <why untimed>" or "not tuned: <why>" (C++ kernels)
+    microseconds: float | None = None  # the chosen config's time per run, when timed
+    default_microseconds: float | None = None  # the default's, when timed
+    candidates: int = 0  # configs timed
+    seconds: float = 0.0  # spent choosing (compiling or waiting for candidates, timing)
+
+
 @dataclass
 class GraphReport:
     name: str
@@ -106,6 +121,8 @@ class GraphReport:
     # mode="reduce-overhead": "recorded", "replayed", and "default path: <reason>" -> calls
     # (or "not used: <reason>" when the graph cannot use CUDA graphs at all).
     cudagraphs: collections.Counter = field(default_factory=collections.Counter)
+    # Autotuning (max-autotune): one entry per tuned launch, filled at first launches.
+    autotune: list[AutotuneEntry] = field(default_factory=list)
 
     @property
     def eager_kernel_count(self) -> int:
@@ -149,9 +166,30 @@ class GraphReport:
         if self.cudagraphs:
             counts = ", ".join(f"{reason}: {n}" for reason, n in self.cudagraphs.items())
             lines.append(f"  CUDA graphs: {counts}")
+        lines += _autotune_lines(self.autotune)
         for note in self.split_reductions:
             lines.append(f"  split: {note}")
         if self.stage_seconds:
             times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.stage_seconds.items())
             lines.append(f"  compile time: {times}")
         return "\n".join(lines)
+
+
+def _autotune_lines(entries: list[AutotuneEntry]) -> list[str]:
+    """A summary of the graph's autotuning, then each launch whose config is not the default."""
+    if not entries:
+        return []
+    timed = [e for e in entries if e.how == "timed"]
+    counts = [f"{len(timed)} launch{'' if len(timed) == 1 else 'es'} timed ({sum(e.candidates for e in timed)} candidates, "
+              f"{sum(e.seconds for e in timed):.2f} s)",
+              f"{sum(1 for e in entries if e.how == 'from disk')} from disk",
+              f"{sum(1 for e in entries if e.how.startswith('default'))} kept their default untimed"]
+    untuned = sorted({e.how for e in entries if e.how.startswith("not tuned")})
+    lines = [f"  autotune: {', '.join(counts)}" + "".join(f"; {why}" for why in untuned)]
+    for entry in entries:
+        if entry.config != entry.default:
+            speed = (f" ({entry.microseconds:.1f} us against {entry.default_microseconds:.1f})"
+                     if entry.microseconds is not None and entry.default_microseconds is not None else "")
+            lines.append(f"    {entry.kernel} [{entry.sizes}] {entry.how}: {entry.config}{speed}, "
+                         f"default {entry.default}")
+    return lines

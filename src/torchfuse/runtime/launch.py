@@ -14,6 +14,10 @@ arguments straight to the compiled binary's C launcher.
 A specialization compiled ahead (``triton_ahead.py``: predicted from the graph, compiled by the
 worker pool) is given to the launcher with ``prepare``; its first call loads that binary and
 launches it directly, so Triton compiles nothing on the critical path.
+
+In ``mode="max-autotune"`` a launcher has a ``tuner`` (``autotune.KernelTuner``): the first call of
+a specialization asks it for the ``Config`` (timed over candidates now, or read from disk), and
+that config's binary serves every later call.
 """
 from __future__ import annotations
 
@@ -87,11 +91,19 @@ class Config:
     grid: int
     constexprs: tuple[int, ...]  # XBLOCK (and RBLOCK), in the kernel's parameter order
     num_warps: int
+    num_stages: int | None = None  # None: Triton's default (what a launch without it gets)
     names: tuple[str, ...] = ("XBLOCK", "RBLOCK")  # of the constexprs (a 2-D tile: YBLOCK, XBLOCK)
 
     def blocks(self) -> dict[str, int]:
         """The block sizes by parameter name."""
         return dict(zip(self.names, self.constexprs))
+
+    def launch_options(self) -> dict[str, int]:
+        """The compile options a launch with this config passes to Triton."""
+        options = {"num_warps": self.num_warps}
+        if self.num_stages is not None:
+            options["num_stages"] = self.num_stages
+        return options
 
 
 def pointwise_config(xnumel: int) -> Config:
@@ -115,7 +127,7 @@ def tile_config(znumel: int, ynumel: int, xnumel: int) -> Config:
                 yblock //= 2
             else:
                 xblock //= 2
-    return Config(grid(), (yblock, xblock), 8 if yblock * xblock >= 4096 else 4, ("YBLOCK", "XBLOCK"))
+    return Config(grid(), (yblock, xblock), 8 if yblock * xblock >= 4096 else 4, names=("YBLOCK", "XBLOCK"))
 
 
 def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = False) -> Config:
@@ -179,14 +191,21 @@ class Launcher:
         # (device, xnumel, rnumel, specialization of each argument) -> a direct launch: a binary
         # is loaded per device, and Triton launches on the current device's current stream.
         self.binaries: dict[tuple, Callable[..., None]] = {}
-        # (xnumel, rnumel, specialization of each argument) -> loads, for the current device, the
-        # binary compiled ahead for it (None if that failed: Triton then compiles as usual).
-        self.ahead: dict[tuple, Callable[[], Any]] = {}
+        # ((xnumel, rnumel, specialization of each argument), Config) -> loads, for the current
+        # device, the binary compiled ahead for it (None if that failed: Triton then compiles as usual).
+        self.ahead: dict[tuple[tuple, Config], Callable[[], Any]] = {}
+        # max-autotune: an ``autotune.KernelTuner`` choosing each specialization's config, and
+        # its choices by (xnumel, rnumel, specialization of each argument).
+        self.tuner: Any = None
+        self.chosen: dict[tuple, Config] = {}
         self.direct = _direct_launch_supported(fn) if direct is None else direct
         self.knobs = _runtime_knobs() if self.direct else None
         # Read from Triton's driver at the first launch (building a wrapper needs no GPU); tests
         # pass their own.
         self.current_device, self.current_stream = current_device, current_stream
+        # specialization(args) for arguments of the classes seen first, as straight-line code
+        # (spec_function); replaced when a call's arguments are of other classes.
+        self._spec: Callable[..., tuple] = _no_spec
 
     def __call__(self, xnumel: int, rnumel: int, *args: Any) -> None:
         """Launch over ``xnumel`` rows (of ``rnumel`` reduced elements) with the kernel's
@@ -198,42 +217,88 @@ class Launcher:
             if self.current_device is None:
                 self.current_device, self.current_stream = _cuda_device_and_stream()
             device = self.current_device()
-            key = (device, xnumel, rnumel, *[_specialization(a) for a in args])
+            try:
+                spec = self._spec(*args)
+            except (AttributeError, TypeError):  # first call, or an argument of another class
+                self._spec = spec_function(args)
+                spec = self._spec(*args)
+            key = (device, xnumel, rnumel, *spec)
             launch = self.binaries.get(key)
-            if launch is None and key[1:] in self.ahead:
-                launch = self._load_ahead(key)
+            if launch is None:
+                launch = self._first_launch(key, args)
             if launch is not None:
                 stats.direct += 1
                 launch(self.current_stream(device), *args)
                 return
-        config = self.config(xnumel, rnumel)
-        numels = (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)
-        with _launch_lock:
-            stats.through_triton += 1
-            compiled = self.fn[(config.grid,)](*args, *numels, **config.blocks(), num_warps=config.num_warps)
-        if key is not None and compiled is not None:
-            self.binaries[key] = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
+        config = self._chosen_config(key, xnumel, rnumel, args)
+        launch = self.launch_through_triton(config, xnumel, rnumel, args, binary=key is not None)
+        if key is not None and launch is not None:
+            self.binaries[key] = launch
 
-    def prepare(self, xnumel: int, rnumel: int, args: tuple, load: Callable[[], Any]) -> None:
+    def prepare(self, xnumel: int, rnumel: int, args: tuple, load: Callable[[], Any],
+                config: Config | None = None) -> None:
         """Launches over these sizes with arguments of these classes (``PointerArg`` for tensors,
-        the predicted value for scalars) use the ``CompiledKernel`` that ``load`` returns."""
+        the predicted value for scalars) use the ``CompiledKernel`` that ``load`` returns, compiled
+        for ``config`` (default: this launcher's default config for the sizes)."""
         if self.direct:
-            self.ahead[predicted_key(xnumel, rnumel, args)] = load
+            config = config or self.config(xnumel, rnumel)
+            self.ahead[(predicted_key(xnumel, rnumel, args), config)] = load
 
-    def _load_ahead(self, key: tuple) -> Callable[..., None] | None:
-        compiled = self.ahead[key[1:]]()  # waits for the worker if it is still compiling
+    def _first_launch(self, key: tuple, args: tuple) -> Callable[..., None] | None:
+        """The direct launch for a specialization's first call: the tuner's choice (timed now:
+        its binary is compiled already) and the binary compiled ahead for that config; None when
+        Triton must compile it."""
+        spec = key[1:]
+        if self.tuner is not None and spec not in self.chosen:
+            self.chosen[spec], launch = self.tuner.choose(self, key, key[1], key[2], args)
+            if launch is not None:
+                self.binaries[key] = launch
+                return launch
+        launch = self.ahead_launch(key, self.chosen.get(spec) or self.config(key[1], key[2]))
+        if launch is not None:
+            self.binaries[key] = launch
+        return launch
+
+    def _chosen_config(self, key: tuple | None, xnumel: int, rnumel: int, args: tuple) -> Config:
+        """The config of a launch through Triton: the tuner's for this specialization, else the default."""
+        if self.tuner is None:
+            return self.config(xnumel, rnumel)
+        spec = key[1:] if key is not None else (xnumel, rnumel, *specialization(args))
+        if spec not in self.chosen:
+            self.chosen[spec], _ = self.tuner.choose(self, None, xnumel, rnumel, args)
+        return self.chosen[spec]
+
+    def ahead_launch(self, key: tuple, config: Config) -> Callable[..., None] | None:
+        """The direct launch of the binary compiled ahead for this launch key and config (None
+        when there is none, or it could not be loaded: Triton compiles it then)."""
+        load = self.ahead.get((key[1:], config))
+        if load is None:
+            return None
+        compiled = load()  # waits for the worker if it is still compiling
         if compiled is None:
             stats.ahead_failed += 1
             return None
-        xnumel, rnumel = key[1], key[2]
-        config = self.config(xnumel, rnumel)
-        numels = (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)
-        launch = _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
-        self.binaries[key] = launch
         stats.ahead += 1
-        return launch
+        return _binary_launch(compiled, config.grid, (*self._numels(key[1], key[2]), *config.constexprs))
+
+    def launch_through_triton(self, config: Config, xnumel: int, rnumel: int, args: tuple,
+                              binary: bool) -> Callable[..., None] | None:
+        """Launch once through ``JITFunction.run`` with ``config`` (compiling if needed); returns
+        the direct launch of the binary it used when ``binary`` is asked for and there is one."""
+        numels = self._numels(xnumel, rnumel)
+        with _launch_lock:
+            stats.through_triton += 1
+            compiled = self.fn[(config.grid,)](*args, *numels, **config.blocks(), **config.launch_options())
+        if not binary or compiled is None:
+            return None
+        return _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
+
+    def _numels(self, xnumel: int, rnumel: int) -> tuple[int, ...]:
+        return (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)
 
     def config(self, xnumel: int, rnumel: int) -> Config:
+        """The default config for these sizes (``tile_config`` / ``pointwise_config`` /
+        ``reduction_config``)."""
         if self.tile is not None:
             return tile_config(*self.tile)
         if self.kind in FLAT_KINDS:
@@ -250,6 +315,38 @@ def _specialization(arg: Any) -> Any:
         # Triton makes 1 a constant, marks multiples of 16, and picks i32 or i64 by range.
         return arg == 1, arg & 15 == 0, -2**31 <= arg < 2**31
     return type(arg)
+
+
+def _no_spec(*args: Any) -> tuple:
+    raise TypeError("no specialization function yet")
+
+
+def spec_function(args: tuple) -> Callable[..., tuple]:
+    """A function giving ``specialization(args)`` for arguments of the same classes as ``args``,
+    written out per argument (no loop, no isinstance chain: it runs at every launch). An
+    argument of another class raises AttributeError or TypeError, or, for a Python scalar,
+    gets ``_specialization`` itself, so the result always equals ``specialization``."""
+    parts = []
+    for i, arg in enumerate(args):
+        a = f"a{i}"
+        if isinstance(arg, torch.Tensor):
+            parts.append(f"({a}.dtype, {a}.data_ptr() & 15 == 0)")
+        elif type(arg) is int:
+            parts.append(f"({a} == 1, {a} & 15 == 0, -2147483648 <= {a} < 2147483648) if type({a}) is int "
+                         f"else spec({a})")
+        else:
+            parts.append(f"spec({a})")
+    names = ", ".join(f"a{i}" for i in range(len(args)))
+    source = f"def launch_spec({names}):\n    return ({', '.join(parts)}{',' if len(parts) == 1 else ''})\n"
+    namespace: dict[str, Any] = {"spec": _specialization}
+    exec(compile(source, "<torchfuse launch spec>", "exec"), namespace)
+    return namespace["launch_spec"]
+
+
+def specialization(args: tuple) -> tuple:
+    """What Triton specializes a launch on, argument by argument (the launch key without the
+    device and sizes)."""
+    return tuple(_specialization(a) for a in args)
 
 
 def predicted_key(xnumel: int, rnumel: int, args: tuple) -> tuple:
@@ -285,10 +382,12 @@ def _launch_hooks_off(knobs: Any) -> bool:
 
 
 def _cuda_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]:
-    """The current device and its raw current stream, read as Triton's own launch path does."""
-    from triton.runtime.driver import driver
-
-    return driver.active.get_current_device, driver.active.get_current_stream
+    """The current device and its raw current stream, as Triton's launch path reads them
+    (``torch.cuda.current_device``, ``torch._C._cuda_getCurrentRawStream``) minus the Python
+    layer: ``current_device`` runs ``torch.cuda._lazy_init`` at every call (~10 us a launch in
+    a cProfile of EfficientNet on the H200). CUDA is initialized once here instead."""
+    torch.cuda._lazy_init()
+    return torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
 
 
 def _binary_launch(compiled: Any, grid: int, tail: tuple[int, ...]) -> Callable[..., None]:

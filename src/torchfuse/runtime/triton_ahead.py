@@ -29,10 +29,8 @@ import torch
 
 from torchfuse.runtime import binary_cache, compile_pool, kernel_cache
 from torchfuse.runtime.cache_paths import cache_dir
-from torchfuse.runtime.launch import FLAT_KINDS, pointwise_config, reduction_config, tile_config
+from torchfuse.runtime.launch import FLAT_KINDS, Config, pointwise_config, reduction_config, tile_config
 from torchfuse.runtime.predict import PredictedLaunch, Unpredicted
-
-NUM_STAGES_UNSET = None  # launches pass no num_stages: Triton's default applies, as at a JIT launch
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class TritonSpec:
 
 @dataclass
 class AheadStats:
-    predicted: int = 0  # launches predicted (one per kernel of a graph)
+    predicted: int = 0  # binaries predicted: one per kernel of a graph (per candidate config under max-autotune)
     from_disk: int = 0  # of which found in the binary cache when the graph compiled
     compiled: int = 0  # of which sent to the worker pool
     unpredicted: int = 0  # kernels left to Triton's first-launch compile
@@ -86,39 +84,56 @@ def current_target() -> Target | None:
 
 
 def compile_ahead(kernels: dict[str, Any], fns: dict[str, Any], predictions: dict[str, Any],
-                  target: Target | None = None) -> dict[str, tuple[PredictedLaunch, Callable[[], Any]]]:
-    """Start compiling every predicted launch; returns, per kernel name, the launch and its loader.
+                  target: Target | None = None, configs: dict[str, list[Config]] | None = None,
+                  ) -> dict[str, tuple[PredictedLaunch, list[AheadBinary]]]:
+    """Start compiling every predicted launch; returns, per kernel name, the launch and the
+    loaders of its binaries (one per config, each knowing its ``config``).
 
     Args:
         kernels: rendered ``TritonKernel``s by name.
         fns: their ``JITFunction``s by name (``kernel_cache.load_kernel``).
         predictions: ``predict.predict_launches``' result.
         target: the GPU to compile for; default: the current GPU (none: nothing is compiled).
+        configs: per kernel name, the launch configs to compile (max-autotune: the candidates,
+            ``autotune.configs_to_compile``); default: the launcher's default config alone.
     """
     target = target or current_target()
-    ready: dict[str, tuple[PredictedLaunch, Callable[[], Any]]] = {}
+    ready: dict[str, tuple[PredictedLaunch, list[AheadBinary]]] = {}
     if target is None or not _triton_supported():
         return ready
     for name, launch in predictions.items():
         if isinstance(launch, Unpredicted):
             _count("unpredicted")
             continue
-        try:
-            loader = _start(kernels[name], fns[name], launch, target)
-        except Exception as error:  # noqa: BLE001 - unexpected Triton internals: compile at launch
-            _failed(f"{name}: {type(error).__name__}: {error}")
-            continue
-        if loader is not None:
-            ready[name] = (launch, loader)
+        loaders = []
+        for config in (configs or {}).get(name) or [default_config(kernels[name], launch)]:
+            try:
+                loader = _start(kernels[name], fns[name], launch, target, config)
+            except Exception as error:  # noqa: BLE001 - unexpected Triton internals: compile at launch
+                _failed(f"{name}: {type(error).__name__}: {error}")
+                continue
+            if loader is not None:
+                loaders.append(loader)
+        if loaders:
+            ready[name] = (launch, loaders)
     return ready
 
 
-def _start(kernel: Any, fn: Any, launch: PredictedLaunch, target: Target) -> AheadBinary | None:
-    """The loader of ``launch``'s binary: found on disk, or being compiled by a worker; None when
-    it is not on disk and compiling ahead is off (``TORCHFUSE_COMPILE_WORKERS=0``)."""
-    spec = specialize(fn, kernel, launch, target)
+def default_config(kernel: Any, launch: PredictedLaunch) -> Config:
+    """The config ``launch.Launcher`` uses for this launch when nothing is tuned."""
+    if kernel.tile is not None:
+        return tile_config(*kernel.tile)
+    if kernel.kind in FLAT_KINDS:
+        return pointwise_config(launch.xnumel)
+    return reduction_config(kernel.persistent, launch.xnumel, launch.rnumel, kernel.outer)
+
+
+def _start(kernel: Any, fn: Any, launch: PredictedLaunch, target: Target, config: Config) -> AheadBinary | None:
+    """The loader of ``launch``'s binary for ``config``: found on disk, or being compiled by a
+    worker; None when it is not on disk and compiling ahead is off (``TORCHFUSE_COMPILE_WORKERS=0``)."""
+    spec = specialize(fn, kernel, launch, target, config)
     key = binary_key(kernel_cache.module_source(kernel.source), kernel.function, spec, target)
-    loader = AheadBinary(fn, spec, key, target)
+    loader = AheadBinary(fn, spec, key, target, config)
     if binary_cache.lookup(binaries_root(), key) is not None:
         _count("predicted")
         _count("from_disk")
@@ -141,10 +156,11 @@ def _job(kernel: Any, spec: TritonSpec, key: str, target: Target) -> dict:
 
 
 class AheadBinary:
-    """Loads one ahead-compiled specialization for the current device (``Launcher.prepare``)."""
+    """Loads one ahead-compiled specialization, compiled for ``config``, for the current device
+    (``Launcher.prepare``)."""
 
-    def __init__(self, fn: Any, spec: TritonSpec, key: str, target: Target) -> None:
-        self.fn, self.spec, self.key, self.target = fn, spec, key, target
+    def __init__(self, fn: Any, spec: TritonSpec, key: str, target: Target, config: Config) -> None:
+        self.fn, self.spec, self.key, self.target, self.config = fn, spec, key, target, config
         self.future: Future | None = None
         self.target_now: Callable[[], Target | None] = current_target  # tests: a GPU without one
 
@@ -195,8 +211,10 @@ def load_compiled(fn: Any, spec: TritonSpec, entry: binary_cache.Entry) -> Any:
 _binders: dict[tuple[int, Target], tuple[Any, Any]] = {}
 
 
-def specialize(fn: Any, kernel: Any, launch: PredictedLaunch, target: Target) -> TritonSpec:
-    """Signature, constexprs, attributes and options for ``launch``, from Triton's own code."""
+def specialize(fn: Any, kernel: Any, launch: PredictedLaunch, target: Target,
+               config: Config | None = None) -> TritonSpec:
+    """Signature, constexprs, attributes and options for ``launch`` with ``config`` (default:
+    the launcher's default config), from Triton's own code."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
@@ -207,14 +225,9 @@ def specialize(fn: Any, kernel: Any, launch: PredictedLaunch, target: Target) ->
         backend = make_backend(GPUTarget(target.backend, target.arch, target.warp_size))
         _binders[cache_key] = (backend, create_function_from_signature(fn.signature, fn.params, backend))
     backend, binder = _binders[cache_key]
-    if kernel.tile is not None:
-        config = tile_config(*kernel.tile)
-    elif kernel.kind in FLAT_KINDS:
-        config = pointwise_config(launch.xnumel)
-    else:
-        config = reduction_config(kernel.persistent, launch.xnumel, launch.rnumel, kernel.outer)
+    config = config or default_config(kernel, launch)
     numels = (launch.xnumel,) if kernel.kind in FLAT_KINDS else (launch.xnumel, launch.rnumel)
-    kwargs: dict[str, Any] = dict(config.blocks(), num_warps=config.num_warps)
+    kwargs: dict[str, Any] = dict(config.blocks(), **config.launch_options())
     # The options JITFunction.run adds before binding (Triton 3.6: debug, instrumentation_mode;
     # 3.9 also fpsan_homomorphic_casts), so the compile options match a first-launch compile.
     kwargs["debug"] = fn.debug or knobs.runtime.debug

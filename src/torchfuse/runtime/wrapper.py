@@ -283,19 +283,22 @@ def _same_addresses(tensor: torch.Tensor, strides: tuple) -> bool:
 
 
 def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel | CppKernel],
-                  launchers: dict[str, Any], ahead: dict[str, tuple[Any, Any]] | None = None):
+                  launchers: dict[str, Any], ahead: dict[str, tuple[Any, list]] | None = None,
+                  tuners: dict[str, Any] | None = None):
     """Compile the wrapper source into a callable ``call(args)``; returns (call, source, constants)."""
     writer = WrapperWriter(graph, plan, kernels)
     source = writer.write()
-    call = bind_wrapper(source, writer.constants, graph.constants, launchers, graph.name, ahead)
+    call = bind_wrapper(source, writer.constants, graph.constants, launchers, graph.name, ahead, tuners)
     return call, source, writer.constants
 
 
 def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[str, torch.Tensor],
-                 launchers: dict[str, Any], graph_name: str, ahead: dict[str, tuple[Any, Any]] | None = None):
+                 launchers: dict[str, Any], graph_name: str, ahead: dict[str, tuple[Any, list]] | None = None,
+                 tuners: dict[str, Any] | None = None):
     """Execute a wrapper's source with the objects it names: ``constants`` from its writer
-    (kernels become their launchers, given the binary compiled ahead for their predicted launch
-    in ``ahead``: kernel name -> (``predict.PredictedLaunch``, loader)), the graph's tensor
+    (kernels become their launchers, given the binaries compiled ahead for their predicted launch
+    in ``ahead``: kernel name -> (``predict.PredictedLaunch``, loaders, one per config), and
+    under max-autotune their ``autotune.KernelTuner`` in ``tuners``), the graph's tensor
     constants by buffer name."""
     namespace: dict[str, Any] = {
         "tf_empty_strided": torch.empty_strided, "tf_as_strided": torch.as_strided, "tf_ensure_layout": ensure_layout,
@@ -307,8 +310,10 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
             kernel = value
             value = Launcher(launchers[kernel.name], kernel.kind, kernel.persistent, outer=kernel.outer, tile=kernel.tile)
             if ahead and kernel.name in ahead:
-                launch, load = ahead[kernel.name]
-                value.prepare(launch.xnumel, launch.rnumel, launch.args, load)
+                launch, loads = ahead[kernel.name]
+                for load in loads:
+                    value.prepare(launch.xnumel, launch.rnumel, launch.args, load, load.config)
+            value.tuner = (tuners or {}).get(kernel.name)
         elif isinstance(value, CppKernel):
             value = launchers[value.name]  # the ctypes function
         namespace[name] = value
