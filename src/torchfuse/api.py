@@ -15,8 +15,9 @@ import torch._dynamo
 from torchfuse import pipeline
 from torchfuse.diagnostics import report as reports
 from torchfuse.frontend.aot import aot_backend
+from torchfuse.frontend.aot_cache import WarmCache
 from torchfuse.options import Options
-from torchfuse.runtime import compile_pool, cpp_build, graph_cache
+from torchfuse.runtime import aot_store, compile_pool, cpp_build, graph_cache
 
 
 def compile(model_or_fn: Callable, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -59,7 +60,10 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str) -> Callable:
         return pipeline.compile_graph(gm, example_inputs, kind, options)
 
-    traced = aot_backend(compile_graph, pipeline.run_captured, options.strict)
+    warm_cache = None
+    if aot_store.enabled():  # a later process skips aot_autograd's tracing (frontend/aot_cache.py)
+        warm_cache = WarmCache(aot_store.load, aot_store.save, lambda: aot_store.key_text(options))
+    traced = aot_backend(compile_graph, pipeline.run_captured, options.strict, warm_cache)
 
     def run(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
         if options.target == "auto" and not _any_cuda(example_inputs) and not _cpp_available():

@@ -10,13 +10,17 @@ GPU compile statistics), so ``snapshot()`` taken before and after a call and sub
   which includes the C++ compiler, shown apart;
 - GPU kernels: Triton compiles in the worker pool (summed over workers: they run beside all of
   the above) and the time first launches waited for them (on the critical path, outside the
-  backend), plus launches Triton compiled itself at a first launch (not predicted, or failed).
+  backend), plus launches Triton compiled itself at a first launch (not predicted, or failed);
+- the warm cache (frontend/aot_cache.py): captured graphs whose AOTAutograd result came from disk
+  (hits: no tracing) and those traced (misses), and the seconds rebuilding the hits (inside
+  "AOTAutograd", with our stages' share of it inside "torchfuse").
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 from torchfuse.diagnostics.model import GraphReport
+from torchfuse.frontend import aot_cache
 from torchfuse.frontend.dynamo_events import BACKEND_TIMER, DYNAMO_TIMER, dynamo_timer_seconds
 from torchfuse.runtime import compile_pool, cpp_build, launch, triton_ahead
 
@@ -32,6 +36,9 @@ class CompileTimes:
     gpu_ahead: int = 0  # binaries compiled ahead (workers) or found on disk
     gpu_compiled: int = 0  # of which compiled by a worker (a warm process must have none)
     gpu_jit_launches: int = 0  # launches through Triton's JIT (a first launch of a specialization)
+    aot_hits: int = 0  # captured graphs the warm cache served: AOTAutograd did not trace them
+    aot_misses: int = 0  # looked up and not found: traced (and stored)
+    aot_hit_s: float = 0.0  # rebuilding the hits (loading, our stages from the graph cache, wrappers)
 
     @property
     def capture_s(self) -> float:
@@ -49,7 +56,8 @@ class CompileTimes:
         """The split in seconds, as the benchmark records it."""
         return {"capture": self.capture_s, "aot": self.aot_s, "ours": self.ours_s - self.cpp_compiler_s,
                 "cpp": self.cpp_compiler_s, "gpu_wait": self.gpu_wait_s, "gpu_workers": self.gpu_workers_s,
-                "gpu_compiled": float(self.gpu_compiled), "gpu_jit_launches": float(self.gpu_jit_launches)}
+                "gpu_compiled": float(self.gpu_compiled), "gpu_jit_launches": float(self.gpu_jit_launches),
+                "aot_hits": float(self.aot_hits), "aot_misses": float(self.aot_misses), "aot_hit": self.aot_hit_s}
 
     def __str__(self) -> str:
         text = (f"compile time: Dynamo capture {self.capture_s:.2f} s, AOTAutograd {self.aot_s:.2f} s, "
@@ -69,7 +77,8 @@ def snapshot(graphs: list[GraphReport]) -> CompileTimes:
         ours_s=sum(sum(g.stage_seconds.values()) for g in graphs), cpp_compiler_s=cpp_build.stats.compiler_seconds,
         gpu_workers_s=compile_pool.stats.worker_seconds, gpu_wait_s=triton_ahead.stats.wait_seconds,
         gpu_ahead=triton_ahead.stats.predicted, gpu_compiled=triton_ahead.stats.compiled,
-        gpu_jit_launches=launch.stats.through_triton)
+        gpu_jit_launches=launch.stats.through_triton, aot_hits=aot_cache.stats.hits,
+        aot_misses=aot_cache.stats.misses, aot_hit_s=aot_cache.stats.hit_seconds)
 
 
 def compile_events() -> int:
