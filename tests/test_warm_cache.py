@@ -260,6 +260,54 @@ def test_the_cache_is_off_with_the_graph_cache(monkeypatch, tmp_path):
     assert (aot_cache.stats.misses, aot_cache.stats.hits) == before and not _entries(tmp_path)
 
 
+def test_a_float_argument_is_served_for_every_value(cache_on):
+    """Dynamo passes a Python float as a graph input (or specializes on it): either way a value
+    the graph was not compiled for never gets another value's result."""
+    fn = lambda t, s: t * s + 1  # noqa: E731
+    x = warm_cases._randn(4, 4)
+    for value in (2.5, 3.5, 2.5):
+        out, _, _ = _compile_and_run(fn, [x, value])
+        torch.testing.assert_close(out, x * value + 1)
+
+
+def test_grad_mode_and_autocast_changes_are_misses(cache_on):
+    """A training graph's entry is stored at its first backward (when AOTAutograd has both graphs)."""
+    x, w = warm_cases._randn(6, 4), warm_cases._randn(4, 3, seed=1, grad=True)
+    expected = _tanh_matmul(x, w)
+    _compile_and_run(_tanh_matmul, [x, w], backward=True)  # a training graph
+    for context, backward in ((torch.no_grad, False), (lambda: torch.autocast("cpu", dtype=torch.bfloat16), True)):
+        before = _hits()
+        for _ in range(2):  # traced, then served from the cache under the same state
+            with context():
+                out, _, traces = _compile_and_run(_tanh_matmul, [x, w], backward=backward)
+        assert traces == 0 and _hits() == before + 1
+        with context():
+            torch.testing.assert_close(out, _tanh_matmul(x, w), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(_compile_and_run(_tanh_matmul, [x, w])[0], expected)
+
+
+def test_a_hit_does_not_start_what_tracing_needs(cache_on):
+    """What api.py starts before tracing (the GPU compile workers) is not started for a hit."""
+    from torchfuse import pipeline
+    from torchfuse.frontend.aot import aot_backend
+    from torchfuse.options import Options
+
+    options = Options.from_user({"strict": True}, "default")
+    warm = aot_cache.WarmCache(aot_store.load, aot_store.save, lambda: aot_store.key_text(options))
+    traced = aot_backend(lambda gm, inputs, kind: pipeline.compile_graph(gm, inputs, kind, options),
+                         pipeline.run_captured, True, warm)
+    started = []
+
+    def backend(gm, inputs):
+        return traced(gm, inputs, before_tracing=lambda: started.append(1))
+
+    x = warm_cases._randn(5, 3)
+    for expected in ([1], [1]):
+        torchfuse.reset()
+        torch.testing.assert_close(torch.compile(lambda t: t.cos() * 3, backend=backend)(x), x.cos() * 3)
+        assert started == expected
+
+
 def test_the_report_shows_the_warm_cache(cache_on):
     x, w = warm_cases._randn(6, 4), warm_cases._randn(4, 3, seed=1)
     _compile_and_run(_tanh_matmul, [x, w])
@@ -293,6 +341,7 @@ def test_a_later_process_hits_on_the_gpu(tmp_path, mode):
     cold = _finish(_run_script(tmp_path / "cache", tmp_path / "cold.pt", cases, **extra), tmp_path / "cold.pt")
     warm = _finish(_run_script(tmp_path / "cache", tmp_path / "warm.pt", cases, **extra), tmp_path / "warm.pt")
     assert warm["stats"]["hits"] == len(cases), warm["stats"]
+    assert cold["stats"]["workers_started"] > 0 and warm["stats"]["workers_started"] == 0  # nothing to compile
     for name in cases:
         assert warm[name]["traces"] == 0
         for part in ("outputs", "grads", "inputs_after", "buffers"):

@@ -68,9 +68,11 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
     def run(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
         if options.target == "auto" and not _any_cuda(example_inputs) and not _cpp_available():
             return pipeline.run_captured(gm)
-        if _any_cuda(example_inputs) and options.target in ("auto", "triton"):
-            compile_pool.get_pool()  # workers start now and load Triton while AOTAutograd traces
-        return traced(gm, example_inputs)
+        # GPU compile workers start when AOTAutograd is about to trace, and load Triton meanwhile;
+        # a warm-cache hit compiles nothing, so it starts none (their imports would compete with
+        # Dynamo for the CPUs).
+        gpu = _any_cuda(example_inputs) and options.target in ("auto", "triton")
+        return traced(gm, example_inputs, before_tracing=compile_pool.get_pool if gpu else None)
 
     return run
 

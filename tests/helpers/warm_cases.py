@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import torchfuse
 from torchfuse.frontend import aot_cache
+from torchfuse.runtime import compile_pool
 
 
 class Case:
@@ -152,6 +153,7 @@ def main(argv: list[str]) -> int:
     out, *names = argv
     results: dict[str, Any] = {name: run_case(name) for name in names}
     results["stats"] = {"hits": aot_cache.stats.hits, "misses": aot_cache.stats.misses,
+                        "workers_started": compile_pool.stats.workers_started,
                         "stored": aot_cache.stats.stored, "not_cached": dict(aot_cache.stats.not_cached),
                         "not_stored": dict(aot_cache.stats.not_stored), "not_loaded": dict(aot_cache.stats.not_loaded)}
     torch.save(results, out)

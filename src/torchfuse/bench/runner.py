@@ -48,6 +48,7 @@ class CaseResult:
     # torchfuse's first calls split (diagnostics/compile_times.CompileTimes.as_dict)
     tf_split_cold: dict[str, float] = field(default_factory=dict)
     tf_split_warm: dict[str, float] = field(default_factory=dict)
+    tf_warm_cache: str = ""  # why torchfuse's warm process traced captured graphs again, if it did
     tf_compiles_while_timed: int = 0  # compiles torchfuse started during timed steps: must be 0
     kernels: dict[str, int] = field(default_factory=dict)
     peak_mb: dict[str, float] = field(default_factory=dict)
@@ -94,6 +95,10 @@ class CaseResult:
         if backend == "torchfuse" and self.tf_split_warm.get("gpu_compiled"):
             found.append(f"torchfuse's warm process compiled {self.tf_split_warm['gpu_compiled']:.0f} GPU kernel(s): "
                          "the binary cache missed")
+        if backend == "torchfuse" and (self.tf_split_warm.get("aot_misses") or self.tf_warm_cache):
+            found.append(f"torchfuse's warm process traced captured graphs with AOTAutograd again "
+                         f"({self.tf_split_warm.get('aot_misses', 0):.0f} warm-cache misses"
+                         f"{'; ' + self.tf_warm_cache if self.tf_warm_cache else ''})")
         if backend == "torchfuse" and self.tf_compiles_while_timed:
             found.append(f"torchfuse compiled {self.tf_compiles_while_timed} kernel(s) during timed steps, "
                          "after the first call")
@@ -151,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             result.warm_s.update(measured.get("seconds", {}))
             result.backend_warm_s.update(measured.get("backend_seconds", {}))
             result.tf_split_warm = measured.get("split", {}).get("torchfuse", {})
+            result.tf_warm_cache = measured.get("warm_cache", {}).get("torchfuse", "")
     out_dir = Path(args.out)
     output.write_all(results, env, copy_gbs, repeats, args.quick, out_dir)
     bad = [f"{r.case}/{b}" for r in results for b in backends if b in r.rel_err and not r.accurate(b)]

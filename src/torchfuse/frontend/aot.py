@@ -71,11 +71,13 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
         keep_inference_input_mutations=True,
     )
 
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                before_tracing: Callable[[], Any] | None = None) -> Callable:
+        """``before_tracing`` runs when aot_autograd is about to trace (not on a warm-cache hit)."""
         if no_hooks is not None:
             aot_cache.stats.not_cached[no_hooks] += 1
         try:
-            with aot_cache.serving(warm_cache, compilers):
+            with aot_cache.serving(warm_cache, compilers, before_tracing):
                 return compile_with_aot(gm, example_inputs)
         except Exception as error:  # noqa: BLE001 - aot_autograd itself failed: run as captured
             if strict or _is_dynamo_control_flow(error):

@@ -131,7 +131,7 @@ def recorded(compile_one: Callable[[torch.fx.GraphModule, list[Any]], Callable])
 
 
 # -- the torch side: hooks into AOTAutograd's cache ------------------------------------------
-_serving = threading.local()  # .job: (WarmCache, Compilers) while a torchfuse backend runs
+_serving = threading.local()  # .request: a _Request while a torchfuse backend runs aot_autograd
 _installed: list[str] = []  # "" once installed, else why not
 
 
@@ -189,11 +189,12 @@ def _hooked_cache(original: type, cache_info_type: type, returns_pair: bool) -> 
 
         @staticmethod
         def try_load(mod: Any, args: Any, aot_config: Any, *rest: Any, **kwargs: Any) -> Any:
-            job = getattr(_serving, "job", None)
-            if job is None:
+            request = getattr(_serving, "request", None)
+            if request is None or request.cache is None:
                 return original.try_load(mod, args, aot_config, *rest, **kwargs)
-            cache, compilers = job
-            compiled, key, tracing = _try_load(cache, compilers, mod, list(args), aot_config)
+            compiled, key, tracing = _try_load(request, mod, list(args), aot_config)
+            if compiled is None:
+                request.tracing_begins()
             if compiled is None and key is not None:
                 info = TorchfuseCacheInfo(key, time.time_ns(), [], job=tracing)
                 if returns_pair:
@@ -226,27 +227,42 @@ def _hooked_cache(original: type, cache_info_type: type, returns_pair: bool) -> 
 
 
 # -- lookup and rebuild ----------------------------------------------------------------------
-def serving(cache: WarmCache | None, compilers: Compilers) -> "_Serving":
-    """While a torchfuse backend runs aot_autograd: its lookups go to ``cache``."""
-    return _Serving(cache, compilers)
+@dataclass
+class _Request:
+    """One torchfuse backend call: where to look, what compiles a hit's graphs, what to start
+    before tracing (the GPU compile workers: a hit compiles nothing, and needs none)."""
+    cache: WarmCache | None
+    compilers: Compilers
+    before_tracing: Callable[[], Any] | None
+    started: bool = False
 
+    def tracing_begins(self) -> None:
+        if self.before_tracing is not None and not self.started:
+            self.started = True
+            self.before_tracing()
 
-class _Serving:
-    def __init__(self, cache: WarmCache | None, compilers: Compilers) -> None:
-        self.job = (cache, compilers) if cache is not None else None
-
-    def __enter__(self) -> None:
-        self.previous = getattr(_serving, "job", None)
-        _serving.job = self.job
+    def __enter__(self) -> "_Request":
+        self.previous = getattr(_serving, "request", None)
+        _serving.request = self
+        if self.cache is None:
+            self.tracing_begins()
+        return self
 
     def __exit__(self, *exc: Any) -> None:
-        _serving.job = self.previous
+        _serving.request = self.previous
 
 
-def _try_load(cache: WarmCache, compilers: Compilers, mod: Any, args: list[Any],
+def serving(cache: WarmCache | None, compilers: Compilers, before_tracing: Callable[[], Any] | None) -> _Request:
+    """While a torchfuse backend runs aot_autograd: its lookups go to ``cache`` (None: no lookup),
+    and ``before_tracing`` runs once unless the cache serves the graph."""
+    return _Request(cache, compilers, before_tracing)
+
+
+def _try_load(request: _Request, mod: Any, args: list[Any],
               aot_config: Any) -> tuple[Callable | None, str | None, _Job | None]:
     """(the rebuilt callable, None, None) on a hit; (None, key, job) on a miss to trace and store;
     (None, None, None) for a graph the cache does not take."""
+    cache, compilers = request.cache, request.compilers
     try:
         key = _key(cache, mod, args, aot_config)
     except Uncacheable as reason:
@@ -361,9 +377,13 @@ class _Pending:
 def _make_entry(fields_: dict[str, Any]) -> _Pending:
     guards: _Guards = fields_["guards_expr"]
     try:
-        return _Pending(guards.job, _entry(fields_, guards), None)
+        pending = _Pending(guards.job, _entry(fields_, guards), None)
     except Uncacheable as reason:
-        return _Pending(guards.job, None, str(reason))
+        pending = _Pending(guards.job, None, str(reason))
+    for compiled in (fields_.get("compiled_fw_func"), fields_.get("compiled_bw_func")):
+        if hasattr(compiled, SNAPSHOT_ATTRIBUTE):  # the entry has it now: the compiled graph need not
+            delattr(compiled, SNAPSHOT_ATTRIBUTE)
+    return pending
 
 
 def _entry(fields_: dict[str, Any], guards: _Guards) -> AotEntry:

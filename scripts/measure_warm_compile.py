@@ -1,0 +1,116 @@
+"""Cold and warm compile times of a few CPU models, with the warm cache (frontend/aot_cache.py) on
+and off: how much of a later process's compile AOTAutograd's tracing was, and what is left.
+
+    PYTHONPATH=src python scripts/measure_warm_compile.py [--cases llama_block_train,gpt2_infer,...]
+
+For each case: a cold process (fresh cache directories), then warm processes with the warm cache
+off (TORCHFUSE_AOT_CACHE=0: every graph traced, as before it existed) and on, then Dynamo's
+capture alone (backend="eager"). Each process times the first call as ``torchfuse bench`` does
+(bench/compile_time.timed_first_call: imports and device start-up paid by a tiny warm-up first)
+and prints the split of diagnostics/compile_times.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+CASES = ("llama_block_train", "gpt2_infer", "bert_mlm_train")
+
+
+def build(case: str) -> tuple[torch.nn.Module, dict, bool]:
+    """(model, keyword inputs, training) of a small float32 CPU case with seeded weights."""
+    torch.manual_seed(0)
+    if case == "llama_block_train":
+        from torchfuse.models import make_llama_block
+
+        model, x = make_llama_block("cpu", torch.float32, "small")
+        return model.train(), {"x": x}, True
+    if case == "gpt2_infer":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, resid_pdrop=0.0, embd_pdrop=0.0,
+                         attn_pdrop=0.0)
+        return GPT2LMHeadModel(cfg).eval(), {"input_ids": torch.randint(0, 1000, (2, 64))}, False
+    if case == "bert_mlm_train":
+        from transformers import BertConfig, BertForMaskedLM
+
+        cfg = BertConfig(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=512,
+                         vocab_size=1000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        ids = torch.randint(0, 1000, (2, 64))
+        labels = torch.where(torch.rand(2, 64) < 0.15, ids, torch.full_like(ids, -100))
+        return BertForMaskedLM(cfg).train(), {"input_ids": ids, "labels": labels}, True
+    raise ValueError(f"unknown case {case!r}; choose from {', '.join(CASES)}")
+
+
+def step_of(case: str, compiler: Callable) -> Callable[[], Any]:
+    model, inputs, training = build(case)
+    compiled = compiler(model)
+
+    def step() -> Any:
+        if not training:
+            with torch.no_grad():
+                return compiled(**inputs)
+        out = compiled(**inputs)
+        loss = out.loss if hasattr(out, "loss") else F.mse_loss(out, torch.zeros_like(out))
+        loss.backward()
+        return loss
+
+    return step
+
+
+def child(case: str, backend: str) -> None:
+    from torchfuse.bench.compile_time import compiler_for, timed_first_call, warm_up_compilers
+
+    device = torch.device("cpu")
+    warm_up_compilers([backend], device)
+    step_of(case, compiler_for("eager"))()  # the model's own first-call costs
+    first = timed_first_call(lambda: step_of(case, compiler_for(backend)), device)
+    print(json.dumps({"seconds": first.seconds, "backend": first.backend_seconds, "split": first.split}), flush=True)
+
+
+def run(case: str, backend: str, caches: str, **env: str) -> dict[str, Any]:
+    variables = dict(os.environ, TORCHFUSE_CACHE_DIR=os.path.join(caches, "torchfuse"),
+                     TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"), **env)
+    proc = subprocess.run([sys.executable, __file__, "--child", case, backend], capture_output=True, text=True,
+                          env=variables)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{case} {backend} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def describe(name: str, measured: dict[str, Any]) -> str:
+    split = measured["split"]
+    parts = (f"capture {split.get('capture', 0):.2f} / aot {split.get('aot', 0):.2f} / ours {split.get('ours', 0):.2f}"
+             f" / c++ {split.get('cpp', 0):.2f}; warm hits {split.get('aot_hits', 0):.0f}" if split else "")
+    return f"  {name:<22} {measured['seconds']:6.2f} s  {parts}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--child", nargs=2)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    for case in args.cases.split(","):
+        caches = tempfile.mkdtemp(prefix="torchfuse-warm-")
+        print(case)
+        print(describe("cold", run(case, "torchfuse", caches)))
+        print(describe("warm, cache off", run(case, "torchfuse", caches, TORCHFUSE_AOT_CACHE="0")))
+        print(describe("warm", run(case, "torchfuse", caches)))
+        print(describe("warm again", run(case, "torchfuse", caches)))
+        print(describe("dynamo capture alone", run(case, "dynamo", caches)))
+
+
+if __name__ == "__main__":
+    main()
