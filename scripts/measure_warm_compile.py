@@ -3,17 +3,19 @@ and off: how much of a later process's compile AOTAutograd's tracing was, and wh
 
     PYTHONPATH=src python scripts/measure_warm_compile.py [--cases llama_block_train,gpt2_infer,...]
 
-For each case: a cold process (fresh cache directories), then warm processes with the warm cache
-off (TORCHFUSE_AOT_CACHE=0: every graph traced, as before it existed) and on, then Dynamo's
-capture alone (backend="eager"). Each process times the first call as ``torchfuse bench`` does
-(bench/compile_time.timed_first_call: imports and device start-up paid by a tiny warm-up first)
-and prints the split of diagnostics/compile_times.py.
+For each case: a cold process (fresh cache directories), then ``--repeats`` rounds of three warm
+processes: the warm cache off (TORCHFUSE_AOT_CACHE=0: every graph traced, as before it existed),
+on, and Dynamo's capture alone (backend="eager"); alternating, so that a busy machine slows all
+three alike. Each process times the first call as ``torchfuse bench`` does
+(bench/compile_time.timed_first_call: imports and device start-up paid by a tiny warm-up first);
+the medians are printed with the split of diagnostics/compile_times.py (and the GC's seconds).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,16 +89,24 @@ def run(case: str, backend: str, caches: str, **env: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each number over the runs."""
+    split = {k: statistics.median(r["split"].get(k, 0.0) for r in runs) for k in runs[0]["split"]}
+    return {"seconds": statistics.median(r["seconds"] for r in runs), "split": split}
+
+
 def describe(name: str, measured: dict[str, Any]) -> str:
     split = measured["split"]
     parts = (f"capture {split.get('capture', 0):.2f} / aot {split.get('aot', 0):.2f} / ours {split.get('ours', 0):.2f}"
-             f" / c++ {split.get('cpp', 0):.2f}; warm hits {split.get('aot_hits', 0):.0f}" if split else "")
+             f" / c++ {split.get('cpp', 0):.2f}; gc {split.get('gc', 0):.2f}; warm cache hits "
+             f"{split.get('aot_hits', 0):.0f}, misses {split.get('aot_misses', 0):.0f}")
     return f"  {name:<22} {measured['seconds']:6.2f} s  {parts}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
@@ -105,11 +115,14 @@ def main() -> None:
     for case in args.cases.split(","):
         caches = tempfile.mkdtemp(prefix="torchfuse-warm-")
         print(case)
-        print(describe("cold", run(case, "torchfuse", caches)))
-        print(describe("warm, cache off", run(case, "torchfuse", caches, TORCHFUSE_AOT_CACHE="0")))
-        print(describe("warm", run(case, "torchfuse", caches)))
-        print(describe("warm again", run(case, "torchfuse", caches)))
-        print(describe("dynamo capture alone", run(case, "dynamo", caches)))
+        print(describe("cold", run(case, "torchfuse", caches)), flush=True)
+        rounds: dict[str, list] = {"warm, warm cache off": [], "warm": [], "Dynamo's capture alone": []}
+        for _ in range(args.repeats):
+            rounds["warm, warm cache off"].append(run(case, "torchfuse", caches, TORCHFUSE_AOT_CACHE="0"))
+            rounds["warm"].append(run(case, "torchfuse", caches))
+            rounds["Dynamo's capture alone"].append(run(case, "dynamo", caches))
+        for name, runs in rounds.items():
+            print(describe(name + f" (median of {len(runs)})", median(runs)), flush=True)
 
 
 if __name__ == "__main__":

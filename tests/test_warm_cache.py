@@ -308,6 +308,17 @@ def test_a_hit_does_not_start_what_tracing_needs(cache_on):
         assert started == expected
 
 
+def test_torchs_switch_for_its_aot_cache_turns_this_one_off_too(cache_on):
+    before = aot_cache.stats.not_cached[aot_cache.TORCH_CACHES_OFF]
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        x, w = warm_cases._randn(6, 4), warm_cases._randn(4, 3, seed=1)
+        for _ in range(2):
+            out, _, traces = _compile_and_run(_tanh_matmul, [x, w])
+            assert traces == 1
+    torch.testing.assert_close(out, _tanh_matmul(x, w))
+    assert aot_cache.stats.not_cached[aot_cache.TORCH_CACHES_OFF] == before + 2 and not _entries(cache_on)
+
+
 def test_the_report_shows_the_warm_cache(cache_on):
     x, w = warm_cases._randn(6, 4), warm_cases._randn(4, 3, seed=1)
     _compile_and_run(_tanh_matmul, [x, w])

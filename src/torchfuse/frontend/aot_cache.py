@@ -192,6 +192,7 @@ def _hooked_cache(original: type, cache_info_type: type, returns_pair: bool) -> 
             request = getattr(_serving, "request", None)
             if request is None or request.cache is None:
                 return original.try_load(mod, args, aot_config, *rest, **kwargs)
+            request.consulted = True
             compiled, key, tracing = _try_load(request, mod, list(args), aot_config)
             if compiled is None:
                 request.tracing_begins()
@@ -235,6 +236,7 @@ class _Request:
     compilers: Compilers
     before_tracing: Callable[[], Any] | None
     started: bool = False
+    consulted: bool = False  # aot_autograd asked the cache (it does not when torch's caches are off)
 
     def tracing_begins(self) -> None:
         if self.before_tracing is not None and not self.started:
@@ -250,6 +252,13 @@ class _Request:
 
     def __exit__(self, *exc: Any) -> None:
         _serving.request = self.previous
+        if self.cache is not None and not self.consulted and exc[0] is None:
+            stats.not_cached[TORCH_CACHES_OFF] += 1
+
+
+# aot_autograd consults no cache when torch's are off (torch.compiler.config.force_disable_caches,
+# TORCHINDUCTOR_AUTOGRAD_CACHE=0 or torch._functorch.config.enable_autograd_cache = False).
+TORCH_CACHES_OFF = "AOTAutograd's cache is turned off in torch"
 
 
 def serving(cache: WarmCache | None, compilers: Compilers, before_tracing: Callable[[], Any] | None) -> _Request:
