@@ -26,6 +26,7 @@ expected shape, the hooks are not installed and every graph is traced as before.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import inspect
@@ -41,6 +42,7 @@ import torch._functorch._aot_autograd.graph_compile as graph_compile
 import torch._functorch._aot_autograd.runtime_wrappers as rt
 import torch._functorch.aot_autograd as aot_autograd
 import torch.fx
+from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
 from torch._functorch._aot_autograd.schemas import AOTAutogradCacheInfo, AOTConfig
 from torch._guards import TracingContext, detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -326,11 +328,18 @@ def _rebuild(entry: AotEntry, compilers: Compilers, fake_mode: FakeTensorMode, a
     if context is not None:
         context.fw_metadata = metadata  # as AOTAutograd sets it before compiling the forward
     gm, inputs = entry.forward.rebuild(fake_mode)
-    compiled_fw = (compilers.forward if training else compilers.inference)(gm, inputs)
+    # Under the grad and autocast modes AOTAutograd compiles each graph in (graph_compile.py).
+    with contextlib.ExitStack() as modes:
+        if training:
+            modes.enter_context(torch.no_grad())
+        if training or torch._C._is_any_autocast_enabled():
+            modes.enter_context(torch._C._DisableAutocast())
+        modes.enter_context(track_graph_compiling(aot_config, "forward" if training else "inference"))
+        compiled_fw = (compilers.forward if training else compilers.inference)(gm, inputs)
     compiled_bw = None
     if training:
         gm, inputs = entry.backward.rebuild(fake_mode)
-        with torch.no_grad():
+        with torch.no_grad(), track_graph_compiling(aot_config, "backward"), torch._C._DisableAutocast():
             compiled_bw = compilers.backward(gm, inputs)
         # As aot_autograd's backend wraps the backward compiler's result: Dynamo must not trace it.
         compiled_bw = torch._dynamo.disable(compiled_bw, reason="do not trace generated backwards pass")
@@ -402,6 +411,11 @@ def _entry(fields_: dict[str, Any], guards: _Guards) -> AotEntry:
         raise Uncacheable("tensor subclasses")
     if fields_.get("backward_state_indices"):
         raise Uncacheable("a BackwardState input (compiled autograd hooks)")
+    metadata = fields_["runtime_metadata"]
+    if getattr(metadata, "tokens", None):
+        raise Uncacheable("effect tokens (side-effecting ops)")  # torch's hit path skips their wrapper
+    if getattr(metadata, "num_graphsafe_rng_states", 0):
+        raise Uncacheable("graph-safe RNG states")
     forward = _snapshot_of(fields_["compiled_fw_func"])
     backward = _snapshot_of(fields_["compiled_bw_func"]) if fields_.get("compiled_bw_func") is not None else None
     recipe = fields_.get("serialized_bw_module")
