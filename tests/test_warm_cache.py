@@ -319,6 +319,28 @@ def test_torchs_switch_for_its_aot_cache_turns_this_one_off_too(cache_on):
     assert aot_cache.stats.not_cached[aot_cache.TORCH_CACHES_OFF] == before + 2 and not _entries(cache_on)
 
 
+def test_a_failing_cache_never_fails_a_compile(cache_on, monkeypatch):
+    """Nothing in the cache (an unwritable disk, a bug in the key) stops a graph compiling: the
+    graph is traced as without the cache, and the reason is counted."""
+    from torchfuse.frontend import aot_key
+
+    def unwritable(key, payload):
+        raise OSError("read-only file system")
+
+    def broken(*args):
+        raise RuntimeError("a bug")
+
+    x, w = warm_cases._randn(6, 4), warm_cases._randn(4, 3, seed=1)
+    monkeypatch.setattr(aot_store, "save", unwritable)
+    out, _, traces = _compile_and_run(_tanh_matmul, [x, w])
+    torch.testing.assert_close(out, _tanh_matmul(x, w))
+    assert aot_cache.stats.not_stored["could not write (OSError: read-only file system)"] >= 1
+    monkeypatch.setattr(aot_key, "key_parts", broken)
+    out, _, traces = _compile_and_run(_tanh_matmul, [x, w])
+    torch.testing.assert_close(out, _tanh_matmul(x, w))
+    assert traces == 1 and aot_cache.stats.not_cached["the key failed (RuntimeError: a bug)"] >= 1
+
+
 def test_the_report_shows_the_warm_cache(cache_on):
     x, w = warm_cases._randn(6, 4), warm_cases._randn(4, 3, seed=1)
     _compile_and_run(_tanh_matmul, [x, w])

@@ -123,6 +123,8 @@ def recorded(compile_one: Callable[[torch.fx.GraphModule, list[Any]], Callable])
             taken: GraphSnapshot | str = snapshot(gm, example_inputs)
         except Uncacheable as reason:
             taken = str(reason)
+        except Exception as error:  # noqa: BLE001 - the cache never fails a compile: not stored
+            taken = f"the snapshot failed ({_describe_error(error)})"
         call = compile_one(gm, example_inputs)
         setattr(call, SNAPSHOT_ATTRIBUTE, taken)
         # AOTAutograd asks for an entry only when every compiled graph names its cache key.
@@ -279,6 +281,9 @@ def _try_load(request: _Request, mod: Any, args: list[Any],
     except Uncacheable as reason:
         stats.not_cached[str(reason)] += 1
         return None, None, None
+    except Exception as error:  # noqa: BLE001 - the cache never fails a compile: traced uncached
+        stats.not_cached[f"the key failed ({_describe_error(error)})"] += 1
+        return None, None, None
     fake_mode = detect_fake_mode(args)
     shape_env = getattr(fake_mode, "shape_env", None)
     job = _Job(cache, _guard_marks(shape_env), shape_env)
@@ -291,7 +296,7 @@ def _try_load(request: _Request, mod: Any, args: list[Any],
         entry = _unpickle(payload)
         compiled = _rebuild(entry, compilers, fake_mode or FakeTensorMode(), aot_config)
     except Exception as error:  # noqa: BLE001 - an entry that does not load is traced again and replaced
-        stats.not_loaded[f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:160]] += 1
+        stats.not_loaded[_describe_error(error)] += 1
         return None, key, job
     stats.hits += 1
     stats.hit_seconds += time.perf_counter() - started
@@ -398,6 +403,8 @@ def _make_entry(fields_: dict[str, Any]) -> _Pending:
         pending = _Pending(guards.job, _entry(fields_, guards), None)
     except Uncacheable as reason:
         pending = _Pending(guards.job, None, str(reason))
+    except Exception as error:  # noqa: BLE001 - the cache never fails a compile: not stored
+        pending = _Pending(guards.job, None, f"the entry failed ({_describe_error(error)})")
     for compiled in (fields_.get("compiled_fw_func"), fields_.get("compiled_bw_func")):
         if hasattr(compiled, SNAPSHOT_ATTRIBUTE):  # the entry has it now: the compiled graph need not
             delattr(compiled, SNAPSHOT_ATTRIBUTE)
@@ -453,9 +460,18 @@ def _save(key: str, pending: _Pending) -> None:
     except Exception as error:  # noqa: BLE001 - e.g. a wrapper holding something pickle cannot write
         stats.not_stored[f"does not pickle ({type(error).__name__})"] += 1
         return
-    pending.job.cache.save(key, payload)
     pending.entry = None  # the compiled function keeps this object: drop the graphs
+    try:
+        pending.job.cache.save(key, payload)
+    except OSError as error:  # a full or read-only disk: the compile goes on
+        stats.not_stored[f"could not write ({_describe_error(error)})"] += 1
+        return
     stats.stored += 1
+
+
+def _describe_error(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"[:160]
 
 
 def _guard_marks(shape_env: Any) -> tuple[int, int] | None:
