@@ -9,6 +9,7 @@ import torch
 
 from torchfuse.bench import cases, measure, models, output, runner, suites
 from torchfuse.bench.runner import main
+from torchfuse.frontend import aot_cache
 
 
 def test_bench_writes_every_result_file_with_sound_numbers(tmp_path, monkeypatch):
@@ -32,8 +33,10 @@ def test_bench_writes_every_result_file_with_sound_numbers(tmp_path, monkeypatch
             assert 0 < result["backend_warm_s"][backend] < result["warm_s"][backend]
         assert set(result["backend_warm_s"]) == {"inductor", "torchfuse"}  # Dynamo alone has no backend
         # torchfuse's warm process took every captured graph from the warm cache: no tracing.
-        assert result["tf_split_warm"]["aot_hits"] >= 1 and result["tf_split_warm"]["aot_misses"] == 0
-        assert result["tf_split_cold"]["aot_misses"] >= 1 and 0 <= result["tf_split_warm"]["gc"]
+        if aot_cache.install_hooks() is None:  # a torch the warm cache was written for
+            assert result["tf_split_warm"]["aot_hits"] >= 1 and result["tf_split_warm"]["aot_misses"] == 0
+            assert result["tf_split_cold"]["aot_misses"] >= 1
+        assert 0 <= result["tf_split_warm"]["gc"]
         assert result["bytes_moved"] > 0  # memory-bound: bandwidth is reported
     assert payload["copy_gbs"] > 0
     markdown = (tmp_path / "results.md").read_text()

@@ -77,7 +77,7 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
         if no_hooks is not None:
             aot_cache.stats.not_cached[no_hooks] += 1
         try:
-            with aot_cache.serving(warm_cache, compilers, before_tracing):
+            with aot_cache.serving(warm_cache, compilers, before_tracing, example_inputs):
                 return compile_with_aot(gm, example_inputs)
         except Exception as error:  # noqa: BLE001 - aot_autograd itself failed: run as captured
             if strict or _is_dynamo_control_flow(error):

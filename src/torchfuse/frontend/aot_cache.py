@@ -45,7 +45,7 @@ import torch.fx
 from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
 from torch._functorch._aot_autograd.schemas import AOTAutogradCacheInfo, AOTConfig
 from torch._guards import TracingContext, detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from torchfuse.frontend import aot_key
@@ -239,6 +239,7 @@ class _Request:
     cache: WarmCache | None
     compilers: Compilers
     before_tracing: Callable[[], Any] | None
+    refusal: str | None = None  # why this call's graph is not cached, known before aot_autograd runs
     started: bool = False
     consulted: bool = False  # aot_autograd asked the cache (it does not when torch's caches are off)
 
@@ -265,10 +266,23 @@ class _Request:
 TORCH_CACHES_OFF = "AOTAutograd's cache is turned off in torch"
 
 
-def serving(cache: WarmCache | None, compilers: Compilers, before_tracing: Callable[[], Any] | None) -> _Request:
-    """While a torchfuse backend runs aot_autograd: its lookups go to ``cache`` (None: no lookup),
-    and ``before_tracing`` runs once unless the cache serves the graph."""
-    return _Request(cache, compilers, before_tracing)
+def serving(cache: WarmCache | None, compilers: Compilers, before_tracing: Callable[[], Any] | None,
+            example_inputs: list[Any]) -> _Request:
+    """While a torchfuse backend runs aot_autograd on Dynamo's ``example_inputs``: its lookups go
+    to ``cache`` (None: no lookup), and ``before_tracing`` runs once unless the cache serves the
+    graph."""
+    return _Request(cache, compilers, before_tracing, _subclass_input(example_inputs))
+
+
+def _subclass_input(example_inputs: list[Any]) -> str | None:
+    """Tensor subclasses are not cached. This is checked on Dynamo's inputs because aot_autograd
+    unwraps some (AsyncCollectiveTensor: it waits for the collective) before the cache sees them,
+    and a hit would then skip that wait."""
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and \
+                type(value) not in (torch.Tensor, torch.nn.Parameter):
+            return f"a tensor-subclass input ({type(value).__name__})"
+    return None
 
 
 def _try_load(request: _Request, mod: Any, args: list[Any],
@@ -276,6 +290,9 @@ def _try_load(request: _Request, mod: Any, args: list[Any],
     """(the rebuilt callable, None, None) on a hit; (None, key, job) on a miss to trace and store;
     (None, None, None) for a graph the cache does not take."""
     cache, compilers = request.cache, request.compilers
+    if request.refusal is not None:
+        stats.not_cached[request.refusal] += 1
+        return None, None, None
     try:
         key = _key(cache, mod, args, aot_config)
     except Uncacheable as reason:
