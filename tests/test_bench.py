@@ -9,9 +9,11 @@ import torch
 
 from torchfuse.bench import cases, measure, models, output, runner, suites
 from torchfuse.bench.runner import main
+from torchfuse.frontend import aot_cache
 
 
-def test_bench_writes_every_result_file_with_sound_numbers(tmp_path):
+def test_bench_writes_every_result_file_with_sound_numbers(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHFUSE_GRAPH_CACHE", "1")  # the caches a warm process finds (off in tests)
     status = main(["--quick", "--device", "cpu", "--suite", "micro", "--cases", "bias_gelu,layer_norm",
                    "--out", str(tmp_path), "--repeats", "2"])
     assert status == 0
@@ -30,11 +32,17 @@ def test_bench_writes_every_result_file_with_sound_numbers(tmp_path):
             assert 0 < result["backend_cold_s"][backend] < result["cold_s"][backend]
             assert 0 < result["backend_warm_s"][backend] < result["warm_s"][backend]
         assert set(result["backend_warm_s"]) == {"inductor", "torchfuse"}  # Dynamo alone has no backend
+        # torchfuse's warm process took every captured graph from the warm cache: no tracing.
+        if aot_cache.install_hooks() is None:  # a torch the warm cache was written for
+            assert result["tf_split_warm"]["aot_hits"] >= 1 and result["tf_split_warm"]["aot_misses"] == 0
+            assert result["tf_split_cold"]["aot_misses"] >= 1
+        assert 0 <= result["tf_split_warm"]["gc"]
         assert result["bytes_moved"] > 0  # memory-bound: bandwidth is reported
     assert payload["copy_gbs"] > 0
     markdown = (tmp_path / "results.md").read_text()
     assert "| bias_gelu | micro |" in markdown and "geometric-mean speedup" in markdown
     assert "warm s ind/tf/dyn" in markdown and "in backend warm s ind/tf" in markdown
+    assert "gc s; warm hit/miss" in markdown
     assert (tmp_path / "results.png").stat().st_size > 0
 
 

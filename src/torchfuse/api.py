@@ -14,8 +14,9 @@ import torch._dynamo
 from torchfuse import pipeline
 from torchfuse.diagnostics import report as reports
 from torchfuse.frontend.aot import aot_backend
+from torchfuse.frontend.aot_cache import WarmCache
 from torchfuse.options import Options
-from torchfuse.runtime import compile_pool, cpp_build, graph_cache
+from torchfuse.runtime import aot_store, compile_pool, cpp_build, graph_cache
 
 
 def compile(model_or_fn: Callable, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -54,14 +55,19 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str) -> Callable:
         return pipeline.compile_graph(gm, example_inputs, kind, options)
 
-    traced = aot_backend(compile_graph, pipeline.run_captured, options.strict)
+    warm_cache = None
+    if aot_store.enabled():  # a later process skips aot_autograd's tracing (frontend/aot_cache.py)
+        warm_cache = WarmCache(aot_store.load, aot_store.save, lambda: aot_store.key_text(options))
+    traced = aot_backend(compile_graph, pipeline.run_captured, options.strict, warm_cache)
 
     def run(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
         if options.target == "auto" and not _any_cuda(example_inputs) and not _cpp_available():
             return pipeline.run_captured(gm)
-        if _any_cuda(example_inputs) and options.target in ("auto", "triton"):
-            compile_pool.get_pool()  # workers start now and load Triton while AOTAutograd traces
-        return traced(gm, example_inputs)
+        # GPU compile workers start when AOTAutograd is about to trace, and load Triton meanwhile;
+        # a warm-cache hit compiles nothing, so it starts none (their imports would compete with
+        # Dynamo for the CPUs).
+        gpu = _any_cuda(example_inputs) and options.target in ("auto", "triton")
+        return traced(gm, example_inputs, before_tracing=compile_pool.get_pool if gpu else None)
 
     return run
 

@@ -8,7 +8,9 @@ compiles a tiny unrelated function, so imports and device start-up are not charg
 case, and each case runs once eagerly, so the model's own first-call costs (e.g. oneDNN's set-up)
 are not charged to a backend. A full garbage collection runs before each timed call: otherwise
 the one that earlier cases' allocations have made due lands in whichever case comes next
-(measured: 0.12-0.14 s inside the convnet's warm first call).
+(measured: 0.12-0.14 s inside the convnet's warm first call). The collections that still run
+during the call (Dynamo's tracing allocates a lot) are timed too, as "gc" in the split: on a CPU
+they were a quarter of a small transformer's warm first call, for every backend alike.
 
 Warm runs are this module as a script, one fresh interpreter per backend with the same cache
 directories, so that no backend's first call profits from Dynamo work another one did:
@@ -21,6 +23,7 @@ floor under every backend's warm time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -28,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, NamedTuple
+from collections import Counter
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from torch._dynamo.utils import compilation_time_metrics
@@ -37,6 +41,7 @@ import torchfuse
 from torchfuse.bench.measure import sync
 from torchfuse.diagnostics.compile_times import snapshot
 from torchfuse.bench.suites import select
+from torchfuse.frontend import aot_cache
 
 CACHE_VARIABLES = ("TORCHFUSE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
@@ -87,7 +92,8 @@ class FirstCall(NamedTuple):
     out: Any
     seconds: float  # wall time of the first call, compile included
     backend_seconds: float  # of which inside the backend (nan when Dynamo's timer is missing)
-    # torchfuse's split of it (diagnostics/compile_times.py: capture, aot, ours, cpp, gpu_wait, ...)
+    # torchfuse's split of it (diagnostics/compile_times.py: capture, aot, ours, cpp, gpu_wait, ...,
+    # aot_hits / aot_misses of the warm cache) and "gc": garbage collections during the call
     split: dict[str, float]
 
 
@@ -100,22 +106,43 @@ def timed_first_call(make: Callable[[], Callable[[], Any]], device: torch.device
     backend_calls = len(compilation_time_metrics.get(BACKEND_TIMER, []))
     before = snapshot(torchfuse.report().graphs)
     sync(device)
-    start = time.perf_counter()
-    step = make()
-    out = step()
-    sync(device)
-    seconds = time.perf_counter() - start
+    with _collections_timed() as collections:
+        start = time.perf_counter()
+        step = make()
+        out = step()
+        sync(device)
+        seconds = time.perf_counter() - start
     timer = compilation_time_metrics.get(BACKEND_TIMER)
     backend_seconds = sum(timer[backend_calls:]) if timer is not None else float("nan")
     split = snapshot(torchfuse.report().graphs).minus(before).as_dict()
+    split["gc"] = collections[0]
     return FirstCall(step, out, seconds, backend_seconds, split)
+
+
+@contextlib.contextmanager
+def _collections_timed() -> Iterator[list[float]]:
+    """Seconds the garbage collector runs inside the block (``[seconds]``, filled at its end)."""
+    spent, started = [0.0], [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(callback)
+    try:
+        yield spent
+    finally:
+        gc.callbacks.remove(callback)
 
 
 def measure_warm(case_names: list[str], backends: list[str], device: torch.device,
                  quick: bool) -> dict[str, dict[str, dict[str, float]]]:
     """Warm compile seconds per case, as ``{case: {"seconds": {backend: s}, "backend_seconds":
-    {backend: s}, "split": {"torchfuse...": {part: s}}}}`` (plus "dynamo", the floor, in "seconds"),
-    each backend in its own process; a backend whose process fails is left out (it says why)."""
+    {backend: s}, "split": {"torchfuse...": {part: s}}, "warm_cache": {"torchfuse": why}}}`` (plus
+    "dynamo", the floor, in "seconds"), each backend in its own process; a backend whose process
+    fails is left out (it says why). "warm_cache" says why captured graphs were traced again."""
     compiled = [b for b in backends if b != "eager"]
     if not compiled or not case_names:
         return {}
@@ -157,17 +184,29 @@ def _warm_main(argv: list[str] | None = None) -> int:
         workload.make_step(compiler_for("eager"))()  # the model's own first-call costs
         sync(device)
         for backend in backends:
+            reasons = _warm_cache_reasons()
             first = timed_first_call(lambda: workload.make_step(compiler_for(backend)), device)
-            measured = seconds.setdefault(case.name, {"seconds": {}, "backend_seconds": {}, "split": {}})
+            measured = seconds.setdefault(case.name, {"seconds": {}, "backend_seconds": {}, "split": {},
+                                                      "warm_cache": {}})
             measured["seconds"][backend] = first.seconds
             if backend != "dynamo":
                 measured["backend_seconds"][backend] = first.backend_seconds
             if backend.startswith("torchfuse"):
                 measured["split"][backend] = first.split
+                measured["warm_cache"][backend] = "; ".join(
+                    f"{reason} ({n})" for reason, n in (_warm_cache_reasons() - reasons).items())
             del first
         torch._dynamo.reset()
     print(json.dumps(seconds), flush=True)
     return 0
+
+
+def _warm_cache_reasons() -> Counter:
+    """Why the warm cache traced, stored or loaded nothing, so far in this process."""
+    stats = aot_cache.stats
+    return (Counter({f"not cached: {k}": v for k, v in stats.not_cached.items()})
+            + Counter({f"not stored: {k}": v for k, v in stats.not_stored.items()})
+            + Counter({f"not loaded: {k}": v for k, v in stats.not_loaded.items()}))
 
 
 if __name__ == "__main__":

@@ -158,9 +158,11 @@ def _autotune_split(split: dict[str, float]) -> str:
 
 # torchfuse's first call, split (diagnostics/compile_times.py): Dynamo's capture, AOTAutograd, our
 # stages, the C++ compiler, first launches waiting for GPU compiles; then Triton's compiles in the
-# workers (summed, beside the rest; the number of jobs) and launches through Triton's JIT.
+# workers (summed, beside the rest; the number of jobs), launches through Triton's JIT, the
+# garbage collector's seconds during the call (inside the parts above) and the warm cache's hits
+# and misses (captured graphs served without AOTAutograd's tracing / traced).
 SPLIT_PARTS = ("capture", "aot", "ours", "cpp", "gpu_wait")
-SPLIT_TITLE = "capture/aot/ours/c++/gpu wait s; workers s (jobs); jit"
+SPLIT_TITLE = "capture/aot/ours/c++/gpu wait s; workers s (jobs); jit; gc s; warm hit/miss"
 
 
 def _split(split: dict[str, float]) -> str:
@@ -168,7 +170,8 @@ def _split(split: dict[str, float]) -> str:
         return "-"
     return ("/".join(_fmt(split.get(part), ".2f") for part in SPLIT_PARTS)
             + f"; {_fmt(split.get('gpu_workers'), '.1f')} ({split.get('gpu_compiled', 0):.0f}); "
-            f"{split.get('gpu_jit_launches', 0):.0f}")
+            f"{split.get('gpu_jit_launches', 0):.0f}; {_fmt(split.get('gc'), '.2f')}; "
+            f"{split.get('aot_hits', 0):.0f}/{split.get('aot_misses', 0):.0f}")
 
 
 def _ratio(warm: dict[str, float], cold: dict[str, float], backend: str = "torchfuse") -> str:
@@ -216,9 +219,12 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
                   "Dynamo's capture / AOTAutograd / torchfuse's stages / the C++ compiler / first "
                   "launches waiting for GPU compiles, seconds; then the workers' compile seconds "
                   "(summed over workers) with the number of GPU compile jobs (0 in a warm process); "
-                  "launches through Triton's JIT. tf max-autotune: the seconds its first launches spent "
-                  "choosing block sizes (compiling or waiting for candidates, timing them) and how many "
-                  "launches were timed (none in a warm process: the choices come from disk). A full "
+                  "launches through Triton's JIT; the garbage collector's seconds during the call (part of "
+                  "the above); the warm cache's hits/misses (captured graphs compiled without / with "
+                  "AOTAutograd's tracing: a warm process should have no misses). tf max-autotune: the "
+                  "seconds its first launches spent choosing block sizes (compiling or waiting for "
+                  "candidates, timing them) and how many launches were timed (none in a warm process: "
+                  "the choices come from disk). A full "
                   "garbage collection runs before each timed first call. "
                   "peak MB: memory a call allocates beyond what was live before it. BW % copy: "
                   "(inputs + outputs bytes) / time, against a device-to-device copy. tf error: the worst "

@@ -54,6 +54,7 @@ class CaseResult:
     # the same for torchfuse in max-autotune (its "autotune" seconds and launches "autotuned")
     tf_autotune_split_cold: dict[str, float] = field(default_factory=dict)
     tf_autotune_split_warm: dict[str, float] = field(default_factory=dict)
+    tf_warm_cache: str = ""  # why torchfuse's warm process traced captured graphs again, if it did
     tf_compiles_while_timed: int = 0  # compiles torchfuse started during timed steps: must be 0
     kernels: dict[str, int] = field(default_factory=dict)
     peak_mb: dict[str, float] = field(default_factory=dict)
@@ -103,6 +104,10 @@ class CaseResult:
         if backend == "torchfuse" and self.tf_autotune_split_warm.get("autotuned"):
             found.append(f"torchfuse's warm max-autotune process timed {self.tf_autotune_split_warm['autotuned']:.0f} "
                          "launch(es) again: the autotune cache missed")
+        if backend == "torchfuse" and (self.tf_split_warm.get("aot_misses") or self.tf_warm_cache):
+            found.append(f"torchfuse's warm process traced captured graphs with AOTAutograd again "
+                         f"({self.tf_split_warm.get('aot_misses', 0):.0f} warm-cache misses"
+                         f"{'; ' + self.tf_warm_cache if self.tf_warm_cache else ''})")
         if backend == "torchfuse" and self.tf_compiles_while_timed:
             found.append(f"torchfuse compiled {self.tf_compiles_while_timed} kernel(s) during timed steps, "
                          "after the first call")
@@ -162,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             result.backend_warm_s.update(measured.get("backend_seconds", {}))
             result.tf_split_warm = measured.get("split", {}).get("torchfuse", {})
             result.tf_autotune_split_warm = measured.get("split", {}).get("torchfuse-max-autotune", {})
+            result.tf_warm_cache = measured.get("warm_cache", {}).get("torchfuse", "")
     out_dir = Path(args.out)
     output.write_all(results, env, copy_gbs, repeats, args.quick, out_dir)
     bad = [f"{r.case}/{b}" for r in results for b in backends if b in r.rel_err and not r.accurate(b)]

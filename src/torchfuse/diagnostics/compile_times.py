@@ -13,12 +13,16 @@ GPU compile statistics), so ``snapshot()`` taken before and after a call and sub
   backend), plus launches Triton compiled itself at a first launch (not predicted, or failed);
 - autotuning (max-autotune): first launches choosing their block sizes, candidates' compiles
   (or waits for them) and timing included; launches timed, and choices read from disk.
+- the warm cache (frontend/aot_cache.py): captured graphs whose AOTAutograd result came from disk
+  (hits: no tracing) and those traced (misses), and the seconds rebuilding the hits (inside
+  "AOTAutograd", with our stages' share of it inside "torchfuse").
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 from torchfuse.diagnostics.model import GraphReport
+from torchfuse.frontend import aot_cache
 from torchfuse.frontend.dynamo_events import BACKEND_TIMER, DYNAMO_TIMER, dynamo_timer_seconds
 from torchfuse.runtime import autotune, compile_pool, cpp_build, launch, triton_ahead
 
@@ -37,6 +41,9 @@ class CompileTimes:
     autotune_s: float = 0.0  # first launches choosing their configs (max-autotune)
     autotuned: int = 0  # launches whose candidates were timed (a warm process must have none)
     autotune_from_disk: int = 0  # launches whose choice an earlier process stored
+    aot_hits: int = 0  # captured graphs the warm cache served: AOTAutograd did not trace them
+    aot_misses: int = 0  # looked up and not found: traced (and stored)
+    aot_hit_s: float = 0.0  # rebuilding the hits (loading, our stages from the graph cache, wrappers)
 
     @property
     def capture_s(self) -> float:
@@ -56,7 +63,8 @@ class CompileTimes:
                 "cpp": self.cpp_compiler_s, "gpu_wait": self.gpu_wait_s, "gpu_workers": self.gpu_workers_s,
                 "gpu_compiled": float(self.gpu_compiled), "gpu_jit_launches": float(self.gpu_jit_launches),
                 "autotune": self.autotune_s, "autotuned": float(self.autotuned),
-                "autotune_from_disk": float(self.autotune_from_disk)}
+                "autotune_from_disk": float(self.autotune_from_disk),
+                "aot_hits": float(self.aot_hits), "aot_misses": float(self.aot_misses), "aot_hit": self.aot_hit_s}
 
     def __str__(self) -> str:
         text = (f"compile time: Dynamo capture {self.capture_s:.2f} s, AOTAutograd {self.aot_s:.2f} s, "
@@ -81,7 +89,8 @@ def snapshot(graphs: list[GraphReport]) -> CompileTimes:
         gpu_workers_s=compile_pool.stats.worker_seconds, gpu_wait_s=triton_ahead.stats.wait_seconds,
         gpu_ahead=triton_ahead.stats.predicted, gpu_compiled=triton_ahead.stats.compiled,
         gpu_jit_launches=launch.stats.through_triton, autotune_s=autotune.stats.seconds,
-        autotuned=autotune.stats.timed, autotune_from_disk=autotune.stats.from_disk)
+        autotuned=autotune.stats.timed, autotune_from_disk=autotune.stats.from_disk, aot_hits=aot_cache.stats.hits,
+        aot_misses=aot_cache.stats.misses, aot_hit_s=aot_cache.stats.hit_seconds)
 
 
 def compile_events() -> int:

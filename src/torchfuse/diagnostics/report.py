@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from torchfuse.diagnostics.compile_times import CompileTimes, snapshot
 from torchfuse.diagnostics.html import render_report
 from torchfuse.diagnostics.model import GraphReport, KernelReport
+from torchfuse.frontend import aot_cache
 from torchfuse.frontend.dynamo_events import current_compile_id
+from torchfuse.runtime import aot_store
 
 
 @dataclass
@@ -21,7 +23,13 @@ class Report:
     def __str__(self) -> str:
         if not self.graphs:
             return "torchfuse: nothing compiled yet"
-        return "\n".join([*(str(g) for g in self.graphs), str(self.compile_times)])
+        return "\n".join([*(str(g) for g in self.graphs), str(self.compile_times), self.warm_cache])
+
+    @property
+    def warm_cache(self) -> str:
+        """What the warm cache did in this process, with every reason a graph was not cached."""
+        damaged = f"; {aot_store.stats.damaged} damaged entries deleted" if aot_store.stats.damaged else ""
+        return str(aot_cache.stats) + damaged
 
     @property
     def compile_times(self) -> CompileTimes:

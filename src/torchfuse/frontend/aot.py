@@ -13,9 +13,11 @@ import torch
 import torch.fx
 from torch._dynamo import exc as dynamo_exc
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import TracingContext
 
+from torchfuse.frontend import aot_cache
 from torchfuse.frontend.decompositions import decomposition_table
 
 # (ATen graph, example inputs, kind: "forward" | "backward" | "inference") -> boxed callable
@@ -30,7 +32,8 @@ Backend = Callable[[torch.fx.GraphModule, list[Any]], Callable]
 FMA_OPS: tuple = tuple(op.default for op in [getattr(torch.ops.prims, "fma", None)] if op is not None)
 
 
-def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, strict: bool) -> Backend:
+def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, strict: bool,
+                warm_cache: aot_cache.WarmCache | None = None) -> Backend:
     """A Dynamo backend: aot_autograd functionalizes and decomposes each captured graph, splits it
     into forward and backward (or one inference graph) and hands each to ``compile_graph``.
 
@@ -38,6 +41,8 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
         compile_graph: compiles one ATen graph.
         run_captured: runs a graph aot_autograd could not trace as Dynamo captured it.
         strict: raise aot_autograd's own failures instead of running the graph as captured.
+        warm_cache: where a later process finds what aot_autograd traced (``aot_cache.py``);
+            None traces every graph.
     Returns:
         The backend, ``backend(gm, example_inputs) -> callable``.
     """
@@ -48,10 +53,17 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
 
         return compile_one
 
+    compilers = aot_cache.Compilers(compiler("inference"), compiler("forward"), compiler("backward"))
+    no_hooks = aot_cache.install_hooks() if warm_cache is not None else None
+    if no_hooks is not None:
+        warm_cache = None
+    record = aot_cache.recorded if warm_cache is not None else (lambda compile_one: compile_one)
+    forward = record(compilers.forward)
     compile_with_aot = aot_autograd(
-        fw_compiler=compiler("forward"),
-        bw_compiler=compiler("backward"),
-        inference_compiler=compiler("inference"),
+        # A SerializableAOTDispatchCompiler makes aot_autograd consult its cache (aot_cache.py).
+        fw_compiler=SerializableAOTDispatchCompiler(object, forward) if warm_cache is not None else forward,
+        bw_compiler=record(compilers.backward),
+        inference_compiler=record(compilers.inference),
         decompositions=decomposition_table(),
         # Recompute cheap pointwise ops in the backward rather than saving them: less memory
         # and the recomputation fuses into kernels the backward runs anyway.
@@ -59,9 +71,14 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
         keep_inference_input_mutations=True,
     )
 
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                before_tracing: Callable[[], Any] | None = None) -> Callable:
+        """``before_tracing`` runs when aot_autograd is about to trace (not on a warm-cache hit)."""
+        if no_hooks is not None:
+            aot_cache.stats.not_cached[no_hooks] += 1
         try:
-            return compile_with_aot(gm, example_inputs)
+            with aot_cache.serving(warm_cache, compilers, before_tracing, example_inputs):
+                return compile_with_aot(gm, example_inputs)
         except Exception as error:  # noqa: BLE001 - aot_autograd itself failed: run as captured
             if strict or _is_dynamo_control_flow(error):
                 raise

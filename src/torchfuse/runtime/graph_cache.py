@@ -33,7 +33,8 @@ from torchfuse.runtime.cache_paths import cache_dir
 
 FORMAT = "graph-cache-1"
 # Variables that change where things go or what is printed, never what is generated.
-IGNORED_VARIABLES = {"TORCHFUSE_CACHE_DIR", "TORCHFUSE_DUMP", "TORCHFUSE_CHECK", "TORCHFUSE_GRAPH_CACHE"}
+IGNORED_VARIABLES = {"TORCHFUSE_CACHE_DIR", "TORCHFUSE_DUMP", "TORCHFUSE_CHECK", "TORCHFUSE_GRAPH_CACHE",
+                     "TORCHFUSE_AOT_CACHE"}
 
 
 @dataclass
@@ -87,7 +88,7 @@ def graph_key(gm: torch.fx.GraphModule, kind: str, target: str, options: Any) ->
 
 def _key_parts(gm: torch.fx.GraphModule, kind: str, target: str, options: Any):
     yield FORMAT
-    yield _torchfuse_source_digest()
+    yield torchfuse_source_digest()
     yield torch.__version__
     yield f"{kind}|{target}"
     yield repr({f.name: getattr(options, f.name) for f in fields(options) if f.name not in ("dump", "check")})
@@ -144,7 +145,7 @@ def _machine(target: str) -> str:
 _source_digest: list[str] = []
 
 
-def _torchfuse_source_digest() -> str:
+def torchfuse_source_digest() -> str:
     """A digest of torchfuse's own .py files: a new version never reads an old entry."""
     if not _source_digest:
         root = Path(__file__).resolve().parents[1]
