@@ -33,7 +33,8 @@ def random_indices(high, shape, dtype=torch.int64):
 
 
 def kernel_kinds() -> list[str]:
-    return [k.kind for g in torchfuse.report().graphs for k in g.kernels]
+    """Each kernel's kind as the report shows it ("scatter" for an accumulating pointwise kernel)."""
+    return [k.label for g in torchfuse.report().graphs for k in g.kernels]
 
 
 def fallbacks() -> list[str]:
@@ -147,7 +148,8 @@ def test_ir_and_report_show_the_scatter():
     compiled(torch.randn(5, 3, device=DEVICE), random_indices(7, (5,)))
     graph = torchfuse.report().graphs[-1]
     assert "] += " in graph.ir_text and "where" in graph.ir_text
-    scatter = next(k for k in graph.kernels if k.kind == "scatter")
+    scatter = next(k for k in graph.kernels if k.label == "scatter")
+    assert scatter.kind == "pointwise" and scatter.accumulates  # the public kinds (design.md) stay three
     assert scatter.ops[0] == "aten.embedding_dense_backward"
     assert "scatter" in str(torchfuse.report())
     # Its reader (the * 2) runs after it, in a kernel of its own, and the report says why.
@@ -202,7 +204,7 @@ def test_training_step_through_torch_compile():
         assert_close(actual, expected, reference=ref)
     backward = [g for g in torchfuse.report().graphs if g.kind == "backward"]
     assert backward and not any("embedding" in op for g in backward for op in g.fallbacks)
-    assert sum(k.kind == "scatter" for g in backward for k in g.kernels) == 2  # tokens and positions
+    assert sum(k.label == "scatter" for g in backward for k in g.kernels) == 2  # tokens and positions
 
 
 def test_training_step_on_the_test_target():
@@ -297,9 +299,9 @@ def test_turning_deterministic_mode_on_recompiles(deterministic, compile_target)
     torch.use_deterministic_algorithms(True)
     compiled(grad, indices)
     first, second = torchfuse.report().graphs[-2:]
-    assert "scatter" in [k.kind for k in first.kernels]
+    assert "scatter" in [k.label for k in first.kernels]
     on_gpu_target = compile_target == "triton"
-    assert ("scatter" in [k.kind for k in second.kernels]) != on_gpu_target
+    assert ("scatter" in [k.label for k in second.kernels]) != on_gpu_target
     assert ("aten.embedding_dense_backward" in second.fallback_reasons) == on_gpu_target
 
 
@@ -357,7 +359,7 @@ def test_scatter_kernels_compile_for_the_gpu(monkeypatch, tmp_path, compile_targ
     compiled(torch.randn(40, 24, dtype=torch.bfloat16, device=DEVICE), random_indices(30, (40,), torch.int32))
     state = captured[-1]
     kernels = {name: dataclasses.replace(k, device="cuda") for name, k in state.kernels.items()}
-    assert sum(k.kind == "scatter" for k in kernels.values()) == 2
+    assert sum(k.label == "scatter" for k in kernels.values()) == 2
     fns = {name: kernel_cache.load_kernel(k.source, k.function, interpret=False) for name, k in kernels.items()}
     predictions = predict_launches(state.graph, state.plan, kernels, state.example_inputs)
     assert not any(isinstance(p, Unpredicted) for p in predictions.values())
@@ -370,6 +372,6 @@ def test_scatter_kernels_compile_for_the_gpu(monkeypatch, tmp_path, compile_targ
         entry = binary_cache.lookup(triton_ahead.binaries_root(), loader.key)
         binary = triton_ahead.load_compiled(loader.fn, loader.spec, entry)
         assert binary.kernel[:4] == b"\x7fELF"  # a cubin
-    atomics = [k.source for k in kernels.values() if k.kind == "scatter"]
+    atomics = [k.source for k in kernels.values() if k.label == "scatter"]
     assert all("tl.atomic_add(" in source for source in atomics)
     assert any("tl.int64" in source.split("tl.atomic_add(")[1] for source in atomics)  # the counts

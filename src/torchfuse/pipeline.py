@@ -341,7 +341,10 @@ def stage_schedule(state: CompileState) -> None:
     for item in state.plan.items:
         if isinstance(item, FusedKernel):
             moved = traffic.fused(item)
-            kernel = KernelReport(item.name, item.kind, item.origins)
+            # A scatter is a pointwise kernel over its source that adds into its output: the
+            # public kinds stay {"pointwise", "reduction", "extern"} (design.md).
+            kind, accumulates = ("pointwise", True) if item.kind == "scatter" else (item.kind, False)
+            kernel = KernelReport(item.name, kind, item.origins, accumulates=accumulates)
         else:
             moved = traffic.extern(item.node)
             kernel = KernelReport(item.name, "extern", [str(item.node.target)])

@@ -90,7 +90,7 @@ def _kernel_table(graph: GraphReport) -> str:
     for k in graph.kernels:
         reads = ", ".join(f"{a.name} {a.shape}" for a in k.reads)
         writes = ", ".join(f"{a.name} {a.shape}" for a in k.writes)
-        rows.append(f"<tr><td><a href='#{esc(graph.name)}-{esc(k.name)}'>{esc(k.name)}</a></td><td>{esc(k.kind)}</td>"
+        rows.append(f"<tr><td><a href='#{esc(graph.name)}-{esc(k.name)}'>{esc(k.name)}</a></td><td>{esc(k.label)}</td>"
                     f"<td><code>{esc(', '.join(k.ops))}</code></td><td><code>{esc(reads)}</code></td>"
                     f"<td><code>{esc(writes)}</code></td><td class='num'>{format_bytes(k.bytes_read)}</td>"
                     f"<td class='num'>{format_bytes(k.bytes_written)}</td>"
@@ -128,7 +128,7 @@ def _kernel_lines(kernel: KernelReport) -> list[str]:
     ops = [op.removeprefix("aten.").removesuffix(".default") for op in kernel.ops]
     shown = ops[:MAX_OPS] + ([f"+{len(ops) - MAX_OPS} more"] if len(ops) > MAX_OPS else [])
     traffic = f"R {format_bytes(kernel.bytes_read)} W {format_bytes(kernel.bytes_written)}"
-    return [f"{kernel.name} ({kernel.kind})", *shown, f"{traffic} | eager {format_bytes(kernel.eager_bytes)}"]
+    return [f"{kernel.name} ({kernel.label})", *shown, f"{traffic} | eager {format_bytes(kernel.eager_bytes)}"]
 
 
 def _boxes(graph: GraphReport) -> tuple[dict[str, _Box], list[tuple[str, str, str]]]:
@@ -142,7 +142,7 @@ def _boxes(graph: GraphReport) -> tuple[dict[str, _Box], list[tuple[str, str, st
             sizes[access.name] = format_bytes(access.bytes)
     edges: list[tuple[str, str, str]] = []
     for kernel in graph.kernels:
-        box = _Box(kernel.name, kernel.kind, _kernel_lines(kernel), anchor=f"{graph.name}-{kernel.name}")
+        box = _Box(kernel.name, kernel.label, _kernel_lines(kernel), anchor=f"{graph.name}-{kernel.name}")
         boxes[kernel.name] = box
         for access in kernel.reads:
             source = producer.get(access.name)

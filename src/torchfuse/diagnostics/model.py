@@ -54,13 +54,21 @@ class BufferAccess:
 @dataclass
 class KernelReport:
     name: str
-    kind: str  # "pointwise", "reduction", "scatter" (accumulating, e.g. embedding backward) or "extern"
+    kind: str  # "pointwise", "reduction" or "extern"
     ops: list[str]  # ATen ops this kernel runs
     source: str | None = None
     reads: list[BufferAccess] = field(default_factory=list)  # buffers read from memory
     writes: list[BufferAccess] = field(default_factory=list)  # buffers stored to memory
     # What eager moves for the same ops: every op reads all its inputs and writes its output.
     eager_bytes: int | None = None
+    # A pointwise kernel that adds into its output at runtime indices (a scatter-add: embedding
+    # backward, index_put with accumulate), atomically on a GPU.
+    accumulates: bool = False
+
+    @property
+    def label(self) -> str:
+        """The kind as the report shows it: a scatter-add is named as one."""
+        return "scatter" if self.accumulates else self.kind
 
     @property
     def bytes_read(self) -> int | None:
@@ -148,7 +156,7 @@ class GraphReport:
         if self.error:
             lines.append(f"  FELL BACK TO ATEN: {self.error}")
         for kernel in self.kernels:
-            lines.append(f"  {kernel.name:<10} {kernel.kind:<10} {', '.join(kernel.ops)}")
+            lines.append(f"  {kernel.name:<10} {kernel.label:<10} {', '.join(kernel.ops)}")
         for decision in self.decisions:
             lines.append(f"  not fused: {decision}")
         if self.fallbacks:
