@@ -6,7 +6,8 @@ Per case: compiles with torchfuse (kernel sources kept), runs 3 warm-up steps, t
 - cProfile over ``--steps`` steps (top functions by own time and by cumulative time), to find
   per-call Python work on the host;
 - torch.profiler over the same steps: the top torchfuse kernels by GPU time, each written with its
-  generated source so a slow one can be read without a GPU.
+  generated source so a slow one can be read without a GPU;
+- ``torchfuse.report()``'s text (graphs that ran with ATen and why, fallbacks) and the wrappers.
 Writes ``<case>.txt`` under ``--out``.
 """
 from __future__ import annotations
@@ -74,6 +75,8 @@ def diagnose(case, steps: int, top: int) -> str:
         if name in sources:
             parts.append(f"\n## {name}: {kernel.ms:.3f} ms, {kernel.calls:g} calls\n{sources[name]}\n")
     report = torchfuse.report()
+    # The report's own text says which graphs ran with ATen and why, and each fallback's reason.
+    parts.append(f"\n# report\n{report}\n")
     parts.append("\n# wrapper sources\n")
     for graph in report.graphs:
         parts.append(f"\n## graph {graph.name}\n{getattr(graph, 'wrapper_source', '')}\n")
