@@ -297,13 +297,19 @@ class Launcher:
         return (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)
 
     def config(self, xnumel: int, rnumel: int) -> Config:
-        """The default config for these sizes (``tile_config`` / ``pointwise_config`` /
-        ``reduction_config``)."""
-        if self.tile is not None:
-            return tile_config(*self.tile)
-        if self.kind in FLAT_KINDS:
-            return pointwise_config(xnumel)
-        return reduction_config(self.persistent, xnumel, rnumel, self.outer)
+        """The default config for these sizes."""
+        return default_config(self.kind, self.persistent, self.outer, self.tile, xnumel, rnumel)
+
+
+def default_config(kind: str, persistent: bool, outer: bool, tile: tuple[int, int, int] | None,
+                   xnumel: int, rnumel: int) -> Config:
+    """The config of a launch when nothing is tuned (``tile_config`` / ``pointwise_config`` /
+    ``reduction_config``): what a ``Launcher`` launches and what ``triton_ahead`` compiles."""
+    if tile is not None:
+        return tile_config(*tile)
+    if kind in FLAT_KINDS:
+        return pointwise_config(xnumel)
+    return reduction_config(persistent, xnumel, rnumel, outer)
 
 
 def _specialization(arg: Any) -> Any:

@@ -29,7 +29,8 @@ import torch
 
 from torchfuse.runtime import binary_cache, compile_pool, kernel_cache
 from torchfuse.runtime.cache_paths import cache_dir
-from torchfuse.runtime.launch import FLAT_KINDS, Config, pointwise_config, reduction_config, tile_config
+from torchfuse.runtime.launch import FLAT_KINDS, Config
+from torchfuse.runtime.launch import default_config as launch_config
 from torchfuse.runtime.predict import PredictedLaunch, Unpredicted
 
 
@@ -121,11 +122,7 @@ def compile_ahead(kernels: dict[str, Any], fns: dict[str, Any], predictions: dic
 
 def default_config(kernel: Any, launch: PredictedLaunch) -> Config:
     """The config ``launch.Launcher`` uses for this launch when nothing is tuned."""
-    if kernel.tile is not None:
-        return tile_config(*kernel.tile)
-    if kernel.kind in FLAT_KINDS:
-        return pointwise_config(launch.xnumel)
-    return reduction_config(kernel.persistent, launch.xnumel, launch.rnumel, kernel.outer)
+    return launch_config(kernel.kind, kernel.persistent, kernel.outer, kernel.tile, launch.xnumel, launch.rnumel)
 
 
 def _start(kernel: Any, fn: Any, launch: PredictedLaunch, target: Target, config: Config) -> AheadBinary | None:
