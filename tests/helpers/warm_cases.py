@@ -107,13 +107,8 @@ def run_case(name: str) -> dict[str, Any]:
     torch.manual_seed(123)  # the dropout case's mask
     with TraceCounter() as traces:
         mode = os.environ.get("TORCHFUSE_WARM_MODE", "default")
-        outputs = torchfuse.compile(fn, mode=mode, options={"strict": True})(*inputs)
-        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        grads: list[Any] = []
-        if CASES[name].backward:
-            sum(o.float().sum() for o in outputs).backward()
-            params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
-            grads = [t.grad for t in [*inputs, *params] if t.requires_grad]
+        compiled = torchfuse.compile(fn, mode=mode, options={"strict": True})
+        outputs, grads = _forward_backward(compiled, fn, inputs, CASES[name].backward)
     buffers = [b.cpu() for b in fn.buffers()] if isinstance(fn, torch.nn.Module) else []
     return {"outputs": [o.detach().cpu() for o in outputs], "grads": [g.cpu() for g in grads], "traces": traces.count,
             "inputs_after": [x.detach().cpu() for x in inputs], "buffers": buffers,
@@ -124,17 +119,24 @@ def eager_case(name: str) -> dict[str, Any]:
     """The same case run eagerly, for comparison."""
     fn, inputs = CASES[name].make()
     torch.manual_seed(123)
-    outputs = fn(*inputs)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    grads: list[Any] = []
-    if CASES[name].backward:
-        sum(o.float().sum() for o in outputs).backward()
-        params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
-        grads = [t.grad for t in [*inputs, *params] if t.requires_grad]
+    outputs, grads = _forward_backward(fn, fn, inputs, CASES[name].backward)
     buffers = [b.clone() for b in fn.buffers()] if isinstance(fn, torch.nn.Module) else []
     return {"outputs": [o.detach().clone() for o in outputs], "grads": grads,
             "inputs_after": [x.detach().clone() for x in inputs], "buffers": buffers,
             "aliases": _alias_pattern(outputs, inputs)}
+
+
+def _forward_backward(run: Callable, fn: Any, inputs: list[torch.Tensor], backward: bool) -> tuple[tuple, list]:
+    """``run(*inputs)`` as a tuple, and, for a case with a backward, the gradients of the inputs
+    and of ``fn``'s parameters after backpropagating the outputs' sum."""
+    outputs = run(*inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    grads: list[Any] = []
+    if backward:
+        sum(o.float().sum() for o in outputs).backward()
+        params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
+        grads = [t.grad for t in [*inputs, *params] if t.requires_grad]
+    return outputs, grads
 
 
 def _alias_pattern(outputs: tuple, inputs: list[torch.Tensor]) -> list[tuple]:
