@@ -13,12 +13,15 @@ Writes ``<case>.txt`` under ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
 import pstats
 import sys
 import warnings
+from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
@@ -29,6 +32,7 @@ import torchfuse  # noqa: E402
 from torchfuse.bench.compile_time import compiler_for, use_fresh_caches  # noqa: E402
 from torchfuse.bench.profile import _kernel_times  # noqa: E402
 from torchfuse.bench.suites import select  # noqa: E402
+from torchfuse.runtime import launch  # noqa: E402
 
 
 def host_profile(step, steps: int) -> str:
@@ -53,17 +57,41 @@ def kernel_sources() -> dict[str, str]:
         for kernel in graph.kernels:
             if kernel.source:
                 for line in kernel.source.splitlines():
-                    if line.startswith("def "):
-                        found[line[4:].split("(")[0]] = f"# graph {graph.name}, kernel {kernel.name}\n{kernel.source}"
+                    # the kernel itself, not the helpers (_floordiv_float, _add, ...) before it
+                    if line.startswith("def tf_"):
+                        body = kernel.source[kernel.source.index(line):]  # without the shared helpers
+                        found[line[4:].split("(")[0]] = f"# graph {graph.name}, kernel {kernel.name}\n{body}"
                         break
     return found
+
+
+@contextlib.contextmanager
+def launch_configs() -> Iterator[dict[str, set]]:
+    """Kernel name -> the (xnumel, rnumel, config) of its launches inside the block: the grid,
+    block sizes and warps a slow kernel ran with (only during warm-up: it costs per launch)."""
+    seen: dict[str, set] = defaultdict(set)
+    original = launch.Launcher.__call__
+
+    def recording(self, xnumel, rnumel, *args):
+        config = self.config(xnumel, rnumel)
+        name = getattr(self.fn, "__name__", str(self.fn))
+        seen[name].add((xnumel, rnumel, f"grid {config.grid}, {dict(zip(config.names, config.constexprs))}, "
+                                         f"{config.num_warps} warps, outer={self.outer}, tile={self.tile}"))
+        return original(self, xnumel, rnumel, *args)
+
+    launch.Launcher.__call__ = recording
+    try:
+        yield seen
+    finally:
+        launch.Launcher.__call__ = original
 
 
 def diagnose(case, steps: int, top: int) -> str:
     workload = case.build(torch.device("cuda"), False)
     step = workload.make_step(compiler_for("torchfuse"))
-    for _ in range(3):
-        step()
+    with launch_configs() as configs:
+        for _ in range(3):
+            step()
     parts = [f"# {case.name}\n", host_profile(step, steps)]
     times = sorted(_kernel_times(step, steps).values(), key=lambda k: -k.ms)
     sources = kernel_sources()
@@ -73,7 +101,8 @@ def diagnose(case, steps: int, top: int) -> str:
     for kernel in times[:top]:
         name = kernel.name.split("(")[0]
         if name in sources:
-            parts.append(f"\n## {name}: {kernel.ms:.3f} ms, {kernel.calls:g} calls\n{sources[name]}\n")
+            launches = "\n".join(f"# launched over xnumel {x}, rnumel {r}: {c}" for x, r, c in sorted(configs.get(name, ())))
+            parts.append(f"\n## {name}: {kernel.ms:.3f} ms, {kernel.calls:g} calls\n{launches}\n{sources[name]}\n")
     report = torchfuse.report()
     # The report's own text says which graphs ran with ATen and why, and each fallback's reason.
     parts.append(f"\n# report\n{report}\n")

@@ -34,11 +34,27 @@ from torchfuse.bench.profile import format_profiles, profile_step  # noqa: E402
 from torchfuse.runtime import launch  # noqa: E402
 
 
+GENERATED = ("tf_", "triton_")  # torchfuse's and Inductor's kernel names
+
+
+def generated_split(rows: list) -> str:
+    """Per case and backend: GPU ms in generated kernels and in the rest (GEMMs, convolutions,
+    ATen kernels), within the kept top kernels: where a backend's kernel time differs."""
+    lines = [f"{'case':<22} {'backend':<10} {'generated':>9} {'launches':>8} {'other':>8} {'(top kept)':>10}"]
+    for case, backend, p in rows:
+        generated = [k for k in p.top if k.name.startswith(GENERATED)]
+        lines.append(f"{case:<22} {backend:<10} {sum(k.ms for k in generated):9.3f} "
+                     f"{sum(k.calls for k in generated):8.0f} {sum(k.ms for k in p.top) - sum(k.ms for k in generated):8.3f} "
+                     f"{len(p.top):10d}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="", help="comma-separated model case names (default: all GPU models)")
     parser.add_argument("--backends", default="eager,inductor,torchfuse")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--top", type=int, default=400, help="kernels kept per case and backend")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="out/profile")
     args = parser.parse_args()
@@ -62,7 +78,7 @@ def main() -> int:
                 for _ in range(3):  # compile and settle: nothing compiles while profiling
                     step()
                 before = (launch.stats.direct, launch.stats.through_triton)
-                profile = profile_step(step, args.steps)
+                profile = profile_step(step, args.steps, top=args.top)
                 rows.append((case.name, backend, profile))
                 if backend.startswith("torchfuse"):
                     direct = launch.stats.direct - before[0]
@@ -87,6 +103,7 @@ def main() -> int:
         print(f"FAILED {name}: {failure}")
     print()
     print(format_profiles(rows))
+    print(generated_split(rows))
     return 1 if failures else 0
 
 

@@ -6,6 +6,9 @@ package's ``__init__`` exports them with these names.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -53,7 +56,8 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
     """A Dynamo backend compiling forward, backward and inference graphs with ``options``."""
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str) -> Callable:
-        return pipeline.compile_graph(gm, example_inputs, kind, options)
+        with collector_paused():  # also when aot_autograd compiles a backward graph lazily
+            return pipeline.compile_graph(gm, example_inputs, kind, options)
 
     warm_cache = None
     if aot_store.enabled():  # a later process skips aot_autograd's tracing (frontend/aot_cache.py)
@@ -67,9 +71,26 @@ def make_backend(options: Options) -> Callable[[torch.fx.GraphModule, list[Any]]
         # a warm-cache hit compiles nothing, so it starts none (their imports would compete with
         # Dynamo for the CPUs).
         gpu = _any_cuda(example_inputs) and options.target in ("auto", "triton")
-        return traced(gm, example_inputs, before_tracing=compile_pool.get_pool if gpu else None)
+        with collector_paused():
+            return traced(gm, example_inputs, before_tracing=compile_pool.get_pool if gpu else None)
 
     return run
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a graph compiles. Tracing and lowering
+    allocate millions of short-lived objects, and each full collection walks the whole heap
+    (torch, transformers, the model): on the H200 a warm GPT-2 compile spent 0.33 s in
+    collections against Dynamo's own 0.04 s. Compiling makes few reference cycles; what it
+    leaves is collected normally once the collector is back on."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _any_cuda(values: list[Any]) -> bool:

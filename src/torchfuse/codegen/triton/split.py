@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK, accesses, is_outer
-from torchfuse.ir.expr import Const, Expr, IndexValue, Load, Op, Where, substitute_index, transform
+from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK, accesses, orientation_votes
+from torchfuse.ir.expr import Const, Expr, IndexValue, Load, Op, Where, loads, substitute_index, transform
 from torchfuse.ir.graph import Buffer, Graph, Pointwise, Reduction
 from torchfuse.ir.symbols import FloorDiv, ModIndex, index_vars, product
 
@@ -59,6 +59,11 @@ class SplitPolicy:
 
 POLICY = SplitPolicy()  # tests replace it to split small reductions
 
+# Levels of pointwise producers inlined for the orientation vote. Inlined whole, a chain that
+# reuses its values (a residual gradient through every layer of a backward graph) grows with
+# every level; the large reads of a fused reduction sit within the first few.
+INLINE_LEVELS = 3
+
 
 @dataclass(frozen=True)
 class Split:
@@ -76,10 +81,13 @@ def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy |
     """
     policy = policy or POLICY
     producers = {n.name: n for n in graph.nodes if isinstance(n, Pointwise)}
+    reductions = [n for n in graph.nodes if isinstance(n, Reduction) and n.device.type in device_types]
+    inlined = {n.name: _with_producers(n.body, producers) for n in reductions}
+    touched = {n.name: _touched(n.body, producers) for n in reductions}
     nodes, notes = [], []
     for node in graph.nodes:
-        plan = plan_split(node, graph.buffers, policy, producers) if isinstance(node, Reduction) and \
-            node.device.type in device_types else None
+        plan = plan_split(node, graph.buffers, policy, producers, _siblings(node, reductions, inlined, touched)) \
+            if isinstance(node, Reduction) and node.name in inlined else None
         if plan is None:
             nodes.append(node)
             continue
@@ -96,22 +104,60 @@ def _numel(shape) -> int | None:
     return int(total) if sympy.sympify(total).is_Integer else None
 
 
+def _touched(body: Expr, producers: dict[str, Pointwise], levels: int = INLINE_LEVELS) -> set[str]:
+    """The buffers ``body`` reads, and those its pointwise producers read, ``levels`` deep."""
+    found: set[str] = set()
+    frontier = [body]
+    for _ in range(levels + 1):
+        names = {load.buffer for expr in frontier for load in loads(expr)} - found
+        found |= names
+        frontier = [producers[name].body for name in names if name in producers]
+    return found
+
+
+def _siblings(node: Reduction, reductions: list[Reduction], inlined: dict[str, Expr],
+              touched: dict[str, set[str]]) -> list[Expr]:
+    """The bodies (in ``node``'s variables) of the other reductions over the same rows and
+    reduced range that read a buffer ``node`` reads: the scheduler fuses them with ``node``
+    when their splits agree (a batch norm's backward: ``sum(dy)`` and ``sum(dy * (x - mean))``),
+    so they vote on the orientation together and get the same split. ``inlined``: each
+    reduction's body with its producers inlined; ``touched``: the buffers each one reads,
+    directly or through its producers (``_touched``)."""
+    same_rows = [other for other in reductions if other is not node and other.shape == node.shape
+                 and other.reduction_ranges == node.reduction_ranges]
+    if not same_rows:
+        return []
+    bodies = []
+    for other in same_rows:
+        if touched[node.name] & touched[other.name]:
+            body = inlined[other.name]
+            renames = dict(zip(other.vars, node.vars)) | dict(zip(other.reduction_vars, node.reduction_vars))
+            bodies.append(substitute_index(body, renames))
+    return bodies
+
+
 def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
-               producers: dict[str, Pointwise] | None = None) -> Split | None:
+               producers: dict[str, Pointwise] | None = None, siblings: list[Expr] = ()) -> Split | None:
     """How to split ``node``, or None when one kernel already fills the GPU (or is small).
 
     ``producers`` (pointwise nodes by name) are inlined, a few levels deep, before the reads
     vote on the orientation, as the renderer sees them once the scheduler fuses them
     (tiling.py): a batch norm's ``x.float()`` is its own node here, and its buffer's layout
-    is not x's.
+    is not x's. ``siblings`` (``_siblings``) vote with ``node``.
     """
     outputs, reduced = _numel(node.shape), _numel(node.reduction_ranges)
     if outputs is None or reduced is None or outputs * reduced < policy.min_elements:
         return None
     x_vars = [v for v, s in zip(node.vars, node.shape) if s != 1]
     r_vars = [v for v, s in zip(node.reduction_vars, node.reduction_ranges) if s != 1]
-    body = _with_producers(node.body, producers or {})
-    outer = bool(r_vars) and is_outer(accesses([body], buffers, r_vars), x_vars, r_vars[-1])
+    bodies = [_with_producers(node.body, producers or {}), *siblings]
+    inner_votes, outer_votes = orientation_votes(accesses(bodies, buffers, r_vars), x_vars, r_vars[-1]) \
+        if r_vars else (0, 0)
+    # A tie (a channels-last x and an NCHW gradient, equally large) splits outer: with chunks
+    # interleaved, a tile's rows (s, c) are consecutive for x, and for one channel consecutive
+    # chunks s are neighbouring elements of the NCHW read too, so both reads coalesce. Split
+    # inner, the channels-last read stepped 16 elements between lanes.
+    outer = outer_votes > 0 and outer_votes >= inner_votes
     lanes = policy.outer_lanes if outer else 1
     unsplit_programs = -(-outputs // (OUTER_MIN_XBLOCK if outer else 1))  # the most the launcher makes
     min_chunk = max(2, policy.min_program_elements // lanes)
@@ -121,12 +167,6 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
     chunk = _chunk_near(reduced, max(min_chunk, -(-reduced // wanted)))
     interleaved = outer and node.reduce_op not in ("argmax", "argmin")
     return Split(-(-reduced // chunk), chunk, outer, interleaved)
-
-
-# Levels of pointwise producers inlined for the orientation vote. Inlined whole, a chain that
-# reuses its values (a residual gradient through every layer of a backward graph) grows with
-# every level; the large reads of a fused reduction sit within the first few.
-INLINE_LEVELS = 3
 
 
 def _with_producers(body: Expr, producers: dict[str, Pointwise], levels: int = INLINE_LEVELS,

@@ -46,8 +46,9 @@ class ReductionTiling:
 
 
 def accesses(bodies: Iterable[Expr], buffers: dict[str, Buffer], r_vars: Sequence[sympy.Symbol]) -> list[Access]:
-    """Direct loads in ``bodies`` whose index moves with a reduced variable: the large reads."""
-    found = []
+    """Direct loads in ``bodies`` whose index moves with a reduced variable: the large reads,
+    each (buffer, offset) once however many bodies read it (a fused kernel reads it once)."""
+    found: dict[tuple[str, sympy.Expr], Access] = {}
     for body in bodies:
         for load in loads(body):
             buffer = buffers.get(load.buffer)
@@ -55,8 +56,8 @@ def accesses(bodies: Iterable[Expr], buffers: dict[str, Buffer], r_vars: Sequenc
                 continue
             offset = simplify_index(buffer.flat_offset(load.index) - buffer.offset)
             if offset.free_symbols & set(r_vars):
-                found.append(Access(offset, _weight(buffer)))
-    return found
+                found.setdefault((load.buffer, offset), Access(offset, _weight(buffer)))
+    return list(found.values())
 
 
 def _weight(buffer: Buffer) -> int:
@@ -69,17 +70,41 @@ def _weight(buffer: Buffer) -> int:
 def is_outer(found: list[Access], x_vars: Sequence[sympy.Symbol], r_inner: sympy.Symbol | None) -> bool:
     """True when most of the large reads (by size) step by 1 along a row variable and not along
     the innermost reduced variable ``r_inner``."""
+    inner, outer = orientation_votes(found, x_vars, r_inner)
+    return outer > inner
+
+
+def orientation_votes(found: list[Access], x_vars: Sequence[sympy.Symbol],
+                      r_inner: sympy.Symbol | None) -> tuple[int, int]:
+    """(inner, outer): the sizes of the large reads that step by 1 along ``r_inner``, and of
+    those that step by 1 along a row variable instead."""
     inner = outer = 0
+    variables = [*x_vars, r_inner] if r_inner is not None else list(x_vars)
     for access in found:
-        coeffs = linear_coefficients(access.offset, [*x_vars, r_inner] if r_inner is not None else list(x_vars))
-        if coeffs is None:  # div/mod of a merged view: no clear stride, no vote
+        coeffs = linear_coefficients(access.offset, variables)
+        steps = coeffs[0] if coeffs is not None else _first_steps(access.offset, variables)
+        if steps is None:
             continue
-        *x_coeffs, r_coeff = coeffs[0] if r_inner is not None else (*coeffs[0], None)
+        *x_coeffs, r_coeff = steps if r_inner is not None else (*steps, None)
         if r_coeff is not None and r_coeff == 1:
             inner += access.weight
         elif any(c == 1 for c in x_coeffs):
             outer += access.weight
-    return outer > inner
+    return inner, outer
+
+
+def _first_steps(offset: sympy.Expr, variables: Sequence[sympy.Symbol]) -> list | None:
+    """For an offset with div/mod (a view merged or split by a split reduction's chunks), the
+    step of each variable from 0 to 1 with the others at 0: whether the first neighbours are
+    adjacent in memory, which is what coalescing needs. None when a step is not a number."""
+    origin = offset.subs({v: 0 for v in variables})
+    steps = []
+    for var in variables:
+        step = sympy.simplify(offset.subs({v: (1 if v is var else 0) for v in variables}) - origin)
+        if not step.is_number:
+            return None
+        steps.append(step)
+    return steps
 
 
 def unit_row_last(found: list[Access], x_vars: list, x_ranges: list) -> tuple[list, list]:
