@@ -34,6 +34,7 @@ Sizes must be static; a symbolic reduction stays one kernel (correct, and outer-
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import sympy
 import torch
@@ -82,12 +83,13 @@ def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy |
     policy = policy or POLICY
     producers = {n.name: n for n in graph.nodes if isinstance(n, Pointwise)}
     reductions = [n for n in graph.nodes if isinstance(n, Reduction) and n.device.type in device_types]
-    inlined = {n.name: _with_producers(n.body, producers) for n in reductions}
-    touched = {n.name: _touched(n.body, producers) for n in reductions}
+    inlined = _Memo(lambda n: _with_producers(n.body, producers))
+    touched = _Memo(lambda n: _touched(n.body, producers))
     nodes, notes = [], []
     for node in graph.nodes:
-        plan = plan_split(node, graph.buffers, policy, producers, _siblings(node, reductions, inlined, touched)) \
-            if isinstance(node, Reduction) and node.name in inlined else None
+        plan = plan_split(node, graph.buffers, policy, producers,
+                          lambda node=node: _siblings(node, reductions, inlined, touched)) \
+            if isinstance(node, Reduction) and node in reductions else None
         if plan is None:
             nodes.append(node)
             continue
@@ -115,8 +117,19 @@ def _touched(body: Expr, producers: dict[str, Pointwise], levels: int = INLINE_L
     return found
 
 
-def _siblings(node: Reduction, reductions: list[Reduction], inlined: dict[str, Expr],
-              touched: dict[str, set[str]]) -> list[Expr]:
+class _Memo:
+    """``function(node)``, computed once per node name (only for the nodes that get that far)."""
+
+    def __init__(self, function: Callable[[Reduction], Any]) -> None:
+        self.function, self.values = function, {}
+
+    def __call__(self, node: Reduction) -> Any:
+        if node.name not in self.values:
+            self.values[node.name] = self.function(node)
+        return self.values[node.name]
+
+
+def _siblings(node: Reduction, reductions: list[Reduction], inlined: _Memo, touched: _Memo) -> list[Expr]:
     """The bodies (in ``node``'s variables) of the other reductions over the same rows and
     reduced range that read a buffer ``node`` reads: the scheduler fuses them with ``node``
     when their splits agree (a batch norm's backward: ``sum(dy)`` and ``sum(dy * (x - mean))``),
@@ -129,28 +142,34 @@ def _siblings(node: Reduction, reductions: list[Reduction], inlined: dict[str, E
         return []
     bodies = []
     for other in same_rows:
-        if touched[node.name] & touched[other.name]:
-            body = inlined[other.name]
+        if touched(node) & touched(other):
+            body = inlined(other)
             renames = dict(zip(other.vars, node.vars)) | dict(zip(other.reduction_vars, node.reduction_vars))
             bodies.append(substitute_index(body, renames))
     return bodies
 
 
 def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
-               producers: dict[str, Pointwise] | None = None, siblings: list[Expr] = ()) -> Split | None:
+               producers: dict[str, Pointwise] | None = None,
+               siblings: Callable[[], list[Expr]] = list) -> Split | None:
     """How to split ``node``, or None when one kernel already fills the GPU (or is small).
 
     ``producers`` (pointwise nodes by name) are inlined, a few levels deep, before the reads
     vote on the orientation, as the renderer sees them once the scheduler fuses them
     (tiling.py): a batch norm's ``x.float()`` is its own node here, and its buffer's layout
-    is not x's. ``siblings`` (``_siblings``) vote with ``node``.
+    is not x's. ``siblings()`` (``_siblings``) vote with ``node``.
     """
     outputs, reduced = _numel(node.shape), _numel(node.reduction_ranges)
     if outputs is None or reduced is None or outputs * reduced < policy.min_elements:
         return None
+    # Enough programs or too short to split, whichever way it is tiled: no need to vote (the
+    # vote inlines producers and the siblings', a cost in graphs with hundreds of reductions).
+    if -(-outputs // OUTER_MIN_XBLOCK) >= policy.min_programs or \
+            reduced < 2 * max(2, policy.min_program_elements // policy.outer_lanes):
+        return None
     x_vars = [v for v, s in zip(node.vars, node.shape) if s != 1]
     r_vars = [v for v, s in zip(node.reduction_vars, node.reduction_ranges) if s != 1]
-    bodies = [_with_producers(node.body, producers or {}), *siblings]
+    bodies = [_with_producers(node.body, producers or {}), *siblings()]
     inner_votes, outer_votes = orientation_votes(accesses(bodies, buffers, r_vars), x_vars, r_vars[-1]) \
         if r_vars else (0, 0)
     # A tie (a channels-last x and an NCHW gradient, equally large) splits outer: with chunks
