@@ -67,6 +67,16 @@ def bn_stats_few_channels(x):
     return var, mean
 
 
+def bn_hardswish_backward(grad, x, mean, rstd, weight):
+    """MobileNetV3's batch norm + hardswish backward over channels-last activations: the
+    hardswish gradient is read by two kernels (the split statistics and the input gradient),
+    so it is a buffer, which must be laid out as eager's (channels-last), not row-major."""
+    y = (x - mean.view(1, -1, 1, 1)) * rstd.view(1, -1, 1, 1) * weight.view(1, -1, 1, 1)
+    g = torch.ops.aten.hardswish_backward(grad, y)
+    return torch.ops.aten.native_batch_norm_backward(g, x, weight, None, None, mean, rstd, True, 1e-5,
+                                                     [True, True, False])
+
+
 def bn_add_relu(x, scale, shift, residual):
     return torch.relu(x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1) + residual)
 
@@ -105,6 +115,9 @@ CASES = {
     "bn_stats_channels_last": (bn_stats_channels_last, lambda: (_channels_last(32, 64, 28, 28),)),
     "bn_stats_few_channels": (bn_stats_few_channels,
                               lambda: (_channels_last(64, 16, 56, 56).to(torch.bfloat16),)),
+    "bn_hardswish_backward": (bn_hardswish_backward,
+                              lambda: (_channels_last(32, 672, 14, 14), _channels_last(32, 672, 14, 14),
+                                       torch.randn(672), torch.rand(672) + 0.5, torch.randn(672))),
     "bn_add_relu_channels_last": (bn_add_relu, lambda: (_channels_last(32, 64, 28, 28), torch.randn(64),
                                                         torch.randn(64), _channels_last(32, 64, 28, 28))),
     "transposed_add": (transposed_add, lambda: (torch.randn(4096, 4096), torch.randn(4096, 4096))),

@@ -12,11 +12,11 @@ from torch.utils._pytree import tree_leaves
 
 from torchfuse.frontend.symbolic import constant_value, is_symbolic, offset_of, shape_of, strides_of, to_sympy
 from torchfuse.ir.expr import Const
-from torchfuse.ir.graph import Buffer, ExternArg, Graph, GraphOutput
+from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph, GraphOutput, Pointwise, Reduction
 from torchfuse.ir.symbols import PyFloorDiv, PyMod
 from torchfuse.lowering import registry
 from torchfuse.lowering import rules  # noqa: F401  (importing it registers every rule)
-from torchfuse.lowering.context import LoweringContext
+from torchfuse.lowering.context import LoweringContext, is_dense
 from torchfuse.lowering.extern import lower_extern
 from torchfuse.lowering.values import TensorValue
 
@@ -98,13 +98,34 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     rule = None if _touches_complex(node) else registry.lookup(node.target)
     if rule is not None:
         ctx.fallback_reason = None
+        nodes_before = len(ctx.graph.nodes)
         result = rule(ctx, node, *args, **kwargs)
         if result is not NotImplemented:
+            _adopt_eager_layout(ctx, node, result, nodes_before)
             return result
         if ctx.fallback_reason:
             ctx.graph.fallback_reasons[_op_name(node.target)] = ctx.fallback_reason
     ctx.graph.fallbacks.append(_op_name(node.target))
     return lower_extern(ctx, node, args, kwargs)
+
+
+def _adopt_eager_layout(ctx: LoweringContext, node: torch.fx.Node, result: Any, nodes_before: int) -> None:
+    """Lay out a buffer this rule just made as eager's result is (when dense): an intermediate
+    that stays a buffer (read by two kernels) is then read in its inputs' layout. Row-major by
+    default, a channels-last batch norm's gradient was written NCHW, and every reduction over
+    it read strided."""
+    meta = node.meta.get("val")
+    if not isinstance(result, TensorValue) or not isinstance(meta, torch.Tensor) or meta.layout != torch.strided:
+        return
+    new = ctx.graph.nodes[nodes_before:]
+    made_here = any(n.name == result.buffer and isinstance(n, (Pointwise, Reduction)) for n in new)
+    read_by_extern = any(isinstance(n, Extern) and result.buffer in n.reads() for n in new)
+    if made_here and not read_by_extern and result.is_identity and result.shape == ctx.graph.buffers[result.buffer].shape:
+        strides = strides_of(meta)
+        if is_dense(result.shape, strides):
+            buffer = ctx.graph.buffers[result.buffer]
+            ctx.graph.buffers[result.buffer] = Buffer(buffer.name, buffer.shape, buffer.dtype, buffer.device,
+                                                      tuple(sympy.sympify(s) for s in strides))
 
 
 def _touches_complex(node: torch.fx.Node) -> bool:

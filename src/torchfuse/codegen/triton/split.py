@@ -39,10 +39,10 @@ from typing import Any, Callable
 import sympy
 import torch
 
-from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK, accesses, orientation_votes
+from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK, accesses_of, orientation_votes
 from torchfuse.ir.expr import Const, Expr, IndexValue, Load, Op, Where, loads, substitute_index, transform
 from torchfuse.ir.graph import Buffer, Graph, Pointwise, Reduction
-from torchfuse.ir.symbols import FloorDiv, ModIndex, index_vars, product
+from torchfuse.ir.symbols import FloorDiv, ModIndex, index_vars, product, simplify_index
 
 INT64 = torch.int64
 
@@ -60,10 +60,11 @@ class SplitPolicy:
 
 POLICY = SplitPolicy()  # tests replace it to split small reductions
 
-# Levels of pointwise producers inlined for the orientation vote. Inlined whole, a chain that
-# reuses its values (a residual gradient through every layer of a backward graph) grows with
-# every level; the large reads of a fused reduction sit within the first few.
-INLINE_LEVELS = 3
+# How far the vote follows pointwise producers to the buffers a fused kernel really reads, and
+# how many distinct reads it keeps. A chain that reuses its values reaches the same (buffer,
+# index) reads again and again: they are deduplicated, so the walk is linear in distinct reads.
+LEAF_DEPTH = 24
+LEAF_LIMIT = 64
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,11 @@ def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy |
     policy = policy or POLICY
     producers = {n.name: n for n in graph.nodes if isinstance(n, Pointwise)}
     reductions = [n for n in graph.nodes if isinstance(n, Reduction) and n.device.type in device_types]
-    inlined = _Memo(lambda n: _with_producers(n.body, producers))
-    touched = _Memo(lambda n: _touched(n.body, producers))
+    reads = _Memo(lambda n: leaf_reads(n.body, producers))
     nodes, notes = [], []
     for node in graph.nodes:
         plan = plan_split(node, graph.buffers, policy, producers,
-                          lambda node=node: _siblings(node, reductions, inlined, touched)) \
+                          lambda node=node: _siblings(node, reductions, reads)) \
             if isinstance(node, Reduction) and node in reductions else None
         if plan is None:
             nodes.append(node)
@@ -106,15 +106,32 @@ def _numel(shape) -> int | None:
     return int(total) if sympy.sympify(total).is_Integer else None
 
 
-def _touched(body: Expr, producers: dict[str, Pointwise], levels: int = INLINE_LEVELS) -> set[str]:
-    """The buffers ``body`` reads, and those its pointwise producers read, ``levels`` deep."""
-    found: set[str] = set()
-    frontier = [body]
-    for _ in range(levels + 1):
-        names = {load.buffer for expr in frontier for load in loads(expr)} - found
-        found |= names
-        frontier = [producers[name].body for name in names if name in producers]
-    return found
+def leaf_reads(body: Expr, producers: dict[str, Pointwise]) -> tuple[list[Load], set[str]]:
+    """The direct loads that ``body`` reaches through its pointwise producers, of buffers that
+    are not producers, each at its index in ``body``'s variables: what a kernel fusing those
+    producers reads from memory. Also every buffer passed on the way. A producer's own buffer
+    has a nominal (row-major) layout, not the one its inputs are read in: loads still on a
+    producer when the walk stops (LEAF_DEPTH, LEAF_LIMIT) are left out of the vote."""
+    frontier = {(load.buffer, load.index): load for load in loads(body) if not load.is_indirect}
+    leaves: dict[tuple, Load] = {}
+    passed: set[str] = set()
+    for _ in range(LEAF_DEPTH):
+        deeper: dict[tuple, Load] = {}
+        for (name, index), load in frontier.items():
+            passed.add(name)
+            producer = producers.get(name)
+            if producer is None:
+                leaves.setdefault((name, index), load)
+                continue
+            mapping = dict(zip(producer.vars, index))
+            for inner in loads(producer.body):
+                if not inner.is_indirect:
+                    moved = tuple(simplify_index(sympy.sympify(e).xreplace(mapping)) for e in inner.index)
+                    deeper.setdefault((inner.buffer, moved), Load(inner.dtype, inner.buffer, moved))
+        if not deeper or len(leaves) + len(deeper) > LEAF_LIMIT:
+            break
+        frontier = deeper
+    return list(leaves.values()), passed
 
 
 class _Memo:
@@ -129,35 +146,32 @@ class _Memo:
         return self.values[node.name]
 
 
-def _siblings(node: Reduction, reductions: list[Reduction], inlined: _Memo, touched: _Memo) -> list[Expr]:
-    """The bodies (in ``node``'s variables) of the other reductions over the same rows and
-    reduced range that read a buffer ``node`` reads: the scheduler fuses them with ``node``
-    when their splits agree (a batch norm's backward: ``sum(dy)`` and ``sum(dy * (x - mean))``),
-    so they vote on the orientation together and get the same split. ``inlined``: each
-    reduction's body with its producers inlined; ``touched``: the buffers each one reads,
-    directly or through its producers (``_touched``)."""
+def _siblings(node: Reduction, reductions: list[Reduction], reads: _Memo) -> list[Load]:
+    """The leaf reads (``leaf_reads``, in ``node``'s variables) of the other reductions over the
+    same rows and reduced range that pass through a buffer ``node``'s reads pass through: the
+    scheduler fuses them with ``node`` when their splits agree (a batch norm's backward:
+    ``sum(dy)`` and ``sum(dy * (x - mean))``), so they vote on the orientation together and get
+    the same split. ``reads(n)``: ``leaf_reads`` of ``n``'s body."""
     same_rows = [other for other in reductions if other is not node and other.shape == node.shape
                  and other.reduction_ranges == node.reduction_ranges]
-    if not same_rows:
-        return []
-    bodies = []
+    found = []
     for other in same_rows:
-        if touched(node) & touched(other):
-            body = inlined(other)
+        if reads(node)[1] & reads(other)[1]:
             renames = dict(zip(other.vars, node.vars)) | dict(zip(other.reduction_vars, node.reduction_vars))
-            bodies.append(substitute_index(body, renames))
-    return bodies
+            found.extend(Load(load.dtype, load.buffer, tuple(simplify_index(sympy.sympify(e).xreplace(renames))
+                                                             for e in load.index)) for load in reads(other)[0])
+    return found
 
 
 def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
                producers: dict[str, Pointwise] | None = None,
-               siblings: Callable[[], list[Expr]] = list) -> Split | None:
+               siblings: Callable[[], list[Load]] = list) -> Split | None:
     """How to split ``node``, or None when one kernel already fills the GPU (or is small).
 
-    ``producers`` (pointwise nodes by name) are inlined, a few levels deep, before the reads
-    vote on the orientation, as the renderer sees them once the scheduler fuses them
-    (tiling.py): a batch norm's ``x.float()`` is its own node here, and its buffer's layout
-    is not x's. ``siblings()`` (``_siblings``) vote with ``node``.
+    The reads vote on the orientation as the renderer sees them once the scheduler fuses the
+    pointwise ``producers`` (tiling.py): through them (``leaf_reads``), since a batch norm's
+    ``x.float()`` is its own node here, and its buffer's layout is not x's. ``siblings()``
+    (``_siblings``) vote with ``node``.
     """
     outputs, reduced = _numel(node.shape), _numel(node.reduction_ranges)
     if outputs is None or reduced is None or outputs * reduced < policy.min_elements:
@@ -169,8 +183,8 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
         return None
     x_vars = [v for v, s in zip(node.vars, node.shape) if s != 1]
     r_vars = [v for v, s in zip(node.reduction_vars, node.reduction_ranges) if s != 1]
-    bodies = [_with_producers(node.body, producers or {}), *siblings()]
-    inner_votes, outer_votes = orientation_votes(accesses(bodies, buffers, r_vars), x_vars, r_vars[-1]) \
+    found = [*leaf_reads(node.body, producers or {})[0], *siblings()]
+    inner_votes, outer_votes = orientation_votes(accesses_of(found, buffers, r_vars), x_vars, r_vars[-1]) \
         if r_vars else (0, 0)
     # A tie (a channels-last x and an NCHW gradient, equally large) splits outer: with chunks
     # interleaved, a tile's rows (s, c) are consecutive for x, and for one channel consecutive
@@ -186,26 +200,6 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
     chunk = _chunk_near(reduced, max(min_chunk, -(-reduced // wanted)))
     interleaved = outer and node.reduce_op not in ("argmax", "argmin")
     return Split(-(-reduced // chunk), chunk, outer, interleaved)
-
-
-def _with_producers(body: Expr, producers: dict[str, Pointwise], levels: int = INLINE_LEVELS,
-                    memo: dict | None = None) -> Expr:
-    """``body`` with its direct loads of pointwise producers replaced by their bodies, up to
-    ``levels`` deep (each producer's inlined body computed once per level)."""
-    if levels == 0:
-        return body
-    memo = {} if memo is None else memo
-
-    def rewrite(node: Expr) -> Expr | None:
-        if not isinstance(node, Load) or node.is_indirect or node.buffer not in producers:
-            return None
-        producer = producers[node.buffer]
-        key = (producer.name, levels)
-        if key not in memo:
-            memo[key] = _with_producers(producer.body, producers, levels - 1, memo)
-        return substitute_index(memo[key], dict(zip(producer.vars, node.index)))
-
-    return transform(body, rewrite)
 
 
 def _chunk_near(total: int, target: int) -> int:

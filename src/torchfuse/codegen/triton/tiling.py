@@ -48,15 +48,19 @@ class ReductionTiling:
 def accesses(bodies: Iterable[Expr], buffers: dict[str, Buffer], r_vars: Sequence[sympy.Symbol]) -> list[Access]:
     """Direct loads in ``bodies`` whose index moves with a reduced variable: the large reads,
     each (buffer, offset) once however many bodies read it (a fused kernel reads it once)."""
+    return accesses_of([load for body in bodies for load in loads(body)], buffers, r_vars)
+
+
+def accesses_of(found_loads: Iterable[Load], buffers: dict[str, Buffer], r_vars: Sequence[sympy.Symbol]) -> list[Access]:
+    """``accesses`` of these loads (buffers missing from ``buffers`` are not read: left out)."""
     found: dict[tuple[str, sympy.Expr], Access] = {}
-    for body in bodies:
-        for load in loads(body):
-            buffer = buffers.get(load.buffer)
-            if buffer is None or load.is_indirect:
-                continue
-            offset = simplify_index(buffer.flat_offset(load.index) - buffer.offset)
-            if offset.free_symbols & set(r_vars):
-                found.setdefault((load.buffer, offset), Access(offset, _weight(buffer)))
+    for load in found_loads:
+        buffer = buffers.get(load.buffer)
+        if buffer is None or load.is_indirect:
+            continue
+        offset = simplify_index(buffer.flat_offset(load.index) - buffer.offset)
+        if offset.free_symbols & set(r_vars):
+            found.setdefault((load.buffer, offset), Access(offset, _weight(buffer)))
     return list(found.values())
 
 
@@ -131,7 +135,10 @@ def reduction_tiling(kernel: FusedKernel, buffers: dict[str, Buffer]) -> Reducti
     x_vars, x_ranges = list(kernel.x_vars), list(kernel.x_ranges)
     r_vars = list(kernel.r_vars)
     bodies = [m.body for m in kernel.members if m.role in ("reduction", "full")]
-    found = accesses(bodies, buffers, r_vars)
+    # A member's own output, read by a kernel-mate, is recomputed or kept in registers, not
+    # read from memory; its nominal (row-major) layout must not vote.
+    members = {m.node.name for m in kernel.members}
+    found = accesses(bodies, {name: b for name, b in buffers.items() if name not in members}, r_vars)
     if not r_vars or not is_outer(found, x_vars, r_vars[-1]):
         return ReductionTiling(x_vars, x_ranges, False)
     x_vars, x_ranges = unit_row_last(found, x_vars, x_ranges)
