@@ -27,8 +27,12 @@ So the scheduler fuses producers into ``P`` and epilogues after ``<name>`` as fo
 reduction, and every renderer runs both. ``argmax``/``argmin`` keep, per chunk, the extreme
 value and its local index; the second stage takes the argmax of the values (the first chunk
 wins ties and NaN, as the first element does in eager), then gathers that chunk's local index.
-Variance needs no combine of partial (mean, M2, count): ours is two reductions (the mean, then
-the squared deviations from it, ``lowering/rules/reductions.py``), each split on its own.
+A variance (``lowering/rules/reductions.py``: ``m = sum(x) / n``, then the sums of ``x - m``
+and ``(x - m)^2``, tagged ``Reduction.centered``) splits as one: the first stage sums each
+chunk, takes its mean ``m_s`` and sums the chunk again around ``m_s`` (one kernel, two loops
+over the chunk, x read from memory once); the second combines the chunks exactly around the
+global mean (Chan et al.: ``_rewrite_centered``). Split one by one, the centered sums' first
+stage waited for the global mean and read x a second time.
 Sizes must be static; a symbolic reduction stays one kernel (correct, and outer-tiled).
 """
 from __future__ import annotations
