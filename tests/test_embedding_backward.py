@@ -358,6 +358,9 @@ def test_scatter_kernels_compile_for_the_gpu(monkeypatch, tmp_path, compile_targ
     compiled = compile_strict(embedding_backward(30, 2, scale_grad_by_freq=True))
     compiled(torch.randn(40, 24, dtype=torch.bfloat16, device=DEVICE), random_indices(30, (40,), torch.int32))
     state = captured[-1]
+    # On a GPU the call above compiled and stored these binaries already (its workers may still
+    # be writing): compile ahead into a cache of its own.
+    monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(tmp_path / "ahead"))
     kernels = {name: dataclasses.replace(k, device="cuda") for name, k in state.kernels.items()}
     assert sum(k.kind == "scatter" for k in kernels.values()) == 2
     fns = {name: kernel_cache.load_kernel(k.source, k.function, interpret=False) for name, k in kernels.items()}

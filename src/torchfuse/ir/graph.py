@@ -61,6 +61,24 @@ class Pointwise:
 
 
 @dataclass(frozen=True)
+class CenteredSum:
+    """What a ``Reduction`` tagged with it computes: the sum over its rows of ``(x - m) ** power``,
+    where ``x`` is what the sum reduction ``total`` (same rows, same output shape) adds up and
+    ``m`` is the pointwise buffer ``mean = total / n``, loaded by the body at the output's index.
+
+    Variance's two-pass form (``lowering/rules/reductions.py``) tags its two centered sums so
+    that the Triton split (``codegen/triton/split.py``) can compute them per chunk, around each
+    chunk's own mean, and combine the chunks exactly: then the input is read once. Renderers and
+    the scheduler ignore the tag; a pass that rewrites a tagged body must drop the tag.
+    """
+
+    mean: str
+    total: str
+    power: int  # 1 or 2
+    deviations: str | None = None  # power 2: the power-1 sum over the same rows (its combine needs it)
+
+
+@dataclass(frozen=True)
 class Reduction:
     """``buffer[i...] = reduce_op over r... of body``.
 
@@ -80,6 +98,7 @@ class Reduction:
     source_shape: Shape
     reduced_axes: tuple[int, ...]
     origin: str = ""
+    centered: CenteredSum | None = None  # a centered sum of a variance (see CenteredSum); else None
 
     @property
     def vars(self) -> tuple[sympy.Symbol, ...]:

@@ -27,8 +27,12 @@ So the scheduler fuses producers into ``P`` and epilogues after ``<name>`` as fo
 reduction, and every renderer runs both. ``argmax``/``argmin`` keep, per chunk, the extreme
 value and its local index; the second stage takes the argmax of the values (the first chunk
 wins ties and NaN, as the first element does in eager), then gathers that chunk's local index.
-Variance needs no combine of partial (mean, M2, count): ours is two reductions (the mean, then
-the squared deviations from it, ``lowering/rules/reductions.py``), each split on its own.
+A variance (``lowering/rules/reductions.py``: ``m = sum(x) / n``, then the sums of ``x - m``
+and ``(x - m)^2``, tagged ``Reduction.centered``) splits as one: the first stage sums each
+chunk, takes its mean ``m_s`` and sums the chunk again around ``m_s`` (one kernel, two loops
+over the chunk, x read from memory once); the second combines the chunks exactly around the
+global mean (Chan et al.: ``_rewrite_centered``). Split one by one, the centered sums' first
+stage waited for the global mean and read x a second time.
 Sizes must be static; a symbolic reduction stays one kernel (correct, and outer-tiled).
 """
 from __future__ import annotations
@@ -40,8 +44,8 @@ import sympy
 import torch
 
 from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK, accesses_of, orientation_votes
-from torchfuse.ir.expr import Const, Expr, IndexValue, Load, Op, Where, loads, substitute_index, transform
-from torchfuse.ir.graph import Buffer, Graph, Pointwise, Reduction
+from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where, loads, substitute_index, transform
+from torchfuse.ir.graph import Buffer, CenteredSum, Graph, Pointwise, Reduction
 from torchfuse.ir.symbols import FloorDiv, ModIndex, index_vars, product, simplify_index
 
 INT64 = torch.int64
@@ -85,11 +89,21 @@ def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy |
     producers = {n.name: n for n in graph.nodes if isinstance(n, Pointwise)}
     reductions = [n for n in graph.nodes if isinstance(n, Reduction) and n.device.type in device_types]
     reads = _Memo(lambda n: leaf_reads(n.body, producers))
+    plans = {n.name: plan_split(n, graph.buffers, policy, producers, lambda n=n: _siblings(n, reductions, reads))
+             for n in reductions}
+    groups = _centered_groups(graph, plans)
     nodes, notes = [], []
     for node in graph.nodes:
-        plan = plan_split(node, graph.buffers, policy, producers,
-                          lambda node=node: _siblings(node, reductions, reads)) \
-            if isinstance(node, Reduction) and node in reductions else None
+        group = groups.get(node.name)
+        if group is not None:
+            nodes.extend(_rewrite_centered(node, group, graph))
+            if node is group.total:
+                notes.append(f"{group.total.name}, {group.deviations.name} and {group.squares.name} (a variance's "
+                             f"sum and centered sums of {_numel(node.reduction_ranges)} elements into "
+                             f"{_numel(node.shape)}) split together in two stages: {group.plan.count} chunks of "
+                             f"{group.plan.chunk}{' (outer)' if group.plan.outer else ''}, each centered on its own mean")
+            continue
+        plan = plans.get(node.name)
         if plan is None:
             nodes.append(node)
             continue
@@ -230,7 +244,10 @@ def _part_index(node_vars, chunk_var, plan: Split) -> tuple:
     return (chunk_var, *node_vars) if plan.outer else (*node_vars, chunk_var)
 
 
-def _first_stage(node: Reduction, plan: Split, graph: Graph, op: str, dtype: torch.dtype, suffix: str) -> Reduction:
+def _first_stage(node: Reduction, plan: Split, graph: Graph, op: str, dtype: torch.dtype, suffix: str,
+                 recenter: Callable[[Expr, sympy.Symbol], Expr] | None = None) -> Reduction:
+    """``node``'s reduction over each chunk; ``recenter(body, chunk variable)`` rewrites the body
+    (in the partial's variables) before a ragged chunk masks it."""
     shape = _part_shape(node, plan)
     part_vars = index_vars(len(shape))
     chunk_var, out_vars = (part_vars[0], part_vars[1:]) if plan.outer else (part_vars[-1], part_vars[:-1])
@@ -242,6 +259,8 @@ def _first_stage(node: Reduction, plan: Split, graph: Graph, op: str, dtype: tor
     reduced = _unflatten(sympy.Min(flat, total - 1) if ragged else flat, node.reduction_ranges)
     mapping = dict(zip(node.vars, out_vars)) | dict(zip(node.reduction_vars, reduced))
     body = substitute_index(node.body, mapping)
+    if recenter is not None:
+        body = recenter(body, chunk_var)
     if ragged:
         inside = Op(torch.bool, "lt", (IndexValue(INT64, flat), Const(INT64, total)))
         body = Where(body.dtype, inside, body, Const(body.dtype, _identity(op, body.dtype)))
@@ -251,13 +270,16 @@ def _first_stage(node: Reduction, plan: Split, graph: Graph, op: str, dtype: tor
                      (*shape, sympy.Integer(plan.chunk)), (len(shape),), node.origin)
 
 
-def _second_stage(node: Reduction, plan: Split, part: Reduction, name: str, op: str, dtype: torch.dtype) -> Reduction:
+def _second_stage(node: Reduction, plan: Split, part: Reduction | None, name: str, op: str, dtype: torch.dtype,
+                  combine: Callable[[sympy.Symbol], Expr] | None = None) -> Reduction:
+    """``op`` over the partials of each output: ``combine(s)``, the term of chunk ``s``, or else
+    ``part``'s partial."""
     (s,) = index_vars(1, "r")
-    body = Load(part.dtype, part.name, _part_index(node.vars, s, plan))
-    reduced_axis = 0 if plan.outer else len(node.shape)
     # Every op here is its own combine: a sum of partial sums, a max of maxima, any of anys.
+    body = combine(s) if combine is not None else Load(part.dtype, part.name, _part_index(node.vars, s, plan))
+    reduced_axis = 0 if plan.outer else len(node.shape)
     return Reduction(name, node.shape, dtype, node.device, body, op, (sympy.Integer(plan.count),),
-                     part.shape, (reduced_axis,), node.origin)
+                     _part_shape(node, plan), (reduced_axis,), node.origin)
 
 
 def _rewrite_arg(node: Reduction, plan: Split, graph: Graph) -> list:
@@ -274,6 +296,131 @@ def _rewrite_arg(node: Reduction, plan: Split, graph: Graph) -> list:
     start = Op(INT64, "mul", (which, Const(INT64, plan.chunk)))
     result = Pointwise(node.name, node.shape, INT64, node.device, Op(INT64, "add", (start, inside)), node.origin)
     return [values, local, best, result]
+
+
+@dataclass(frozen=True)
+class _Centered:
+    """A variance's reductions over the same rows (``CenteredSum``): ``total = sum(x)``, the
+    pointwise ``mean = total / n``, ``deviations = sum(x - mean)``, ``squares = sum((x - mean)^2)``."""
+
+    total: Reduction
+    mean: Pointwise
+    deviations: Reduction
+    squares: Reduction
+    plan: Split  # the total's, for all three
+
+
+def _centered_groups(graph: Graph, plans: dict[str, Split | None]) -> dict[str, _Centered]:
+    """The variances to split together, by the name of each of their three reductions.
+
+    A tag whose nodes are not as ``CenteredSum`` says (a pass rewrote them, the total is not
+    split) leaves its reductions to be split one by one: correct, only slower.
+    """
+    position = {node.name: k for k, node in enumerate(graph.nodes)}
+    groups: dict[str, _Centered] = {}
+    for squares in graph.nodes:
+        tag = squares.centered if isinstance(squares, Reduction) else None
+        if tag is None or tag.power != 2:
+            continue
+        members = [graph.nodes[position[name]] if name in position else None
+                   for name in (tag.total, tag.mean, tag.deviations)]
+        total, mean, deviations = members
+        if not (isinstance(total, Reduction) and isinstance(mean, Pointwise) and isinstance(deviations, Reduction)
+                and plans.get(total.name) is not None and deviations.name in plans and squares.name in plans):
+            continue
+        group = _Centered(total, mean, deviations, squares, plans[total.name])
+        if _is_centered_group(group, position) and not any(m.name in groups for m in (total, deviations, squares)):
+            groups.update({m.name: group for m in (total, deviations, squares)})
+    return groups
+
+
+def _is_centered_group(group: _Centered, position: dict[str, int]) -> bool:
+    """The nodes are what the tags say, in an order that lets the first stages all sit where the
+    total was: same rows and dtype, the centered sums read the mean and otherwise only what the
+    total's position already sees."""
+    total, mean, deviations, squares = group.total, group.mean, group.deviations, group.squares
+    tag = squares.centered
+    same = all(r.shape == total.shape and r.reduction_ranges == total.reduction_ranges and r.dtype == total.dtype
+               and r.device == total.device and r.reduce_op == "sum" for r in (deviations, squares))
+    if not (same and total.dtype.is_floating_point and mean.dtype == total.dtype and mean.shape == total.shape
+            and total.centered is None and deviations.centered == CenteredSum(tag.mean, tag.total, 1)):
+        return False
+    if not position[total.name] < position[mean.name] < min(position[deviations.name], position[squares.name]):
+        return False
+    for sums in (deviations, squares):
+        reads = {load.buffer for load in loads(sums.body)}
+        if mean.name not in reads or any(position.get(b, -1) >= position[total.name] for b in reads - {mean.name}):
+            return False
+    return True
+
+
+def _rewrite_centered(node: Reduction, group: _Centered, graph: Graph) -> list:
+    """The nodes replacing one of ``group``'s reductions. In the total's place: every first stage
+    (the chunk sums, the chunk means ``m_s``, the sums centered on them), then the total's second
+    stage; in the centered sums' places, their exact combination (Chan et al.): with
+    ``e_s = m_s - mean`` and ``n_s`` elements in chunk ``s``,
+    ``sum(x - mean) = sum_s(c_s + n_s e_s)`` and
+    ``sum((x - mean)^2) = sum_s(q_s + 2 e_s c_s + n_s e_s^2)``, identities for any ``m_s``."""
+    plan, mean = group.plan, group.mean
+    dtype = mean.dtype
+    part_mean = f"{mean.name}_part"
+    if node is group.total:
+        total_part = _first_stage(node, plan, graph, "sum", node.dtype, "_part")
+        mean_part = _chunk_means(group, total_part, graph)
+
+        def recenter(body: Expr, chunk_var: sympy.Symbol) -> Expr:
+            def rewrite(e: Expr) -> Expr | None:
+                if isinstance(e, Load) and e.buffer == mean.name:
+                    return Load(dtype, part_mean, _part_index(e.index, chunk_var, plan))
+                return None
+            return transform(body, rewrite)
+
+        firsts = [_first_stage(sums, plan, graph, "sum", sums.dtype, "_part", recenter)
+                  for sums in (group.deviations, group.squares)]
+        return [total_part, mean_part, *firsts, _second_stage(node, plan, total_part, node.name, "sum", node.dtype)]
+
+    def chunk(s: sympy.Symbol) -> tuple[Expr, Expr, Expr]:
+        """Chunk ``s``'s count, its mean's offset from the overall mean and its ``c_s``."""
+        index = _part_index(node.vars, s, plan)
+        offset = Op(dtype, "sub", (Load(dtype, part_mean, index), Load(dtype, mean.name, tuple(node.vars))))
+        return _chunk_count(plan, _numel(node.reduction_ranges), s, dtype), offset, \
+            Load(dtype, f"{group.deviations.name}_part", index)
+
+    def deviations(s: sympy.Symbol) -> Expr:
+        count, offset, c = chunk(s)
+        return Op(dtype, "add", (c, Op(dtype, "mul", (count, offset))))
+
+    def squares(s: sympy.Symbol) -> Expr:
+        count, offset, c = chunk(s)
+        q = Load(dtype, f"{group.squares.name}_part", _part_index(node.vars, s, plan))
+        cross = Op(dtype, "mul", (Op(dtype, "mul", (Const(dtype, 2.0), offset)), c))
+        return Op(dtype, "add", (Op(dtype, "add", (q, cross)), Op(dtype, "mul", (count, Op(dtype, "mul", (offset, offset))))))
+
+    combine = deviations if node is group.deviations else squares
+    return [_second_stage(node, plan, None, node.name, "sum", node.dtype, combine)]
+
+
+def _chunk_means(group: _Centered, total_part: Reduction, graph: Graph) -> Pointwise:
+    """``m_s = (sum of chunk s) / n_s`` for every output and chunk, in the mean's dtype."""
+    shape, dtype, plan = total_part.shape, group.mean.dtype, group.plan
+    part_vars = index_vars(len(shape))
+    chunk_var = part_vars[0] if plan.outer else part_vars[-1]
+    count = _chunk_count(plan, _numel(group.total.reduction_ranges), chunk_var, dtype)
+    body = Op(dtype, "truediv", (Load(total_part.dtype, total_part.name, part_vars), count))
+    name = f"{group.mean.name}_part"
+    graph.buffers[name] = Buffer.contiguous(name, shape, dtype, group.mean.device)
+    return Pointwise(name, shape, dtype, group.mean.device, body, group.mean.origin)
+
+
+def _chunk_count(plan: Split, total: int, s: sympy.Symbol, dtype: torch.dtype) -> Expr:
+    """``n_s``: how many of the ``total`` elements chunk ``s`` holds (``_first_stage``'s order)."""
+    if plan.count * plan.chunk == total:
+        return Const(dtype, float(plan.chunk))
+    if plan.interleaved:  # elements j * S + s < total
+        count = FloorDiv(total - s + plan.count - 1, plan.count)
+    else:  # elements s * chunk + j < total: the last chunk is short
+        count = sympy.Min(plan.chunk, total - s * plan.chunk)
+    return Cast(dtype, IndexValue(INT64, count))
 
 
 def _unflatten(flat: sympy.Expr, ranges) -> list[sympy.Expr]:

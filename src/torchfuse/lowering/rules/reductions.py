@@ -6,6 +6,7 @@ scheduler fuses the passes over the same rows back into one kernel.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import sympy
@@ -13,6 +14,7 @@ import torch
 import torch.fx
 
 from torchfuse.ir.expr import Const, Expr, Op
+from torchfuse.ir.graph import CenteredSum, Reduction
 from torchfuse.ir.symbols import product
 from torchfuse.lowering.context import LoweringContext
 from torchfuse.lowering.registry import register_lowering
@@ -175,7 +177,8 @@ def _mean_and_var(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], c
     fuse into one kernel."""
     count = _count(x, axes)
     compute = opmath(dtype)
-    rough_mean = _divide(ctx, reduce(ctx, x, axes, True, "sum", compute), count, compute)
+    total = reduce(ctx, x, axes, True, "sum", compute)
+    rough_mean = _divide(ctx, total, count, compute)
 
     def deviation(idx: tuple) -> Expr:
         mean_index = tuple(sympy.Integer(0) if d in axes else idx[d] for d in range(x.rank))
@@ -186,6 +189,7 @@ def _mean_and_var(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], c
 
     drift = reduction(ctx, x.shape, axes, True, compute, x.device, "sum", deviation)
     squares = reduction(ctx, x.shape, axes, True, compute, x.device, "sum", squared_deviation)
+    _tag_centered(ctx, total, rough_mean, drift, squares)
     n = operand(count, (), (), compute)
 
     def mean(idx: tuple) -> Expr:
@@ -193,7 +197,10 @@ def _mean_and_var(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], c
 
     def corrected_squares(idx: tuple) -> Expr:
         c = drift.load(idx)
-        centred = Op(compute, "sub", (squares.load(idx), Op(compute, "truediv", (Op(compute, "mul", (c, c)), n))))
+        # (c / n) * c, not c * c / n: for equal values (d = x - m a few ulps of x, so few bits)
+        # c = n * d and s = n * d * d are exact, c / n is d and d * c is s: the difference is
+        # exactly 0 while n * d * d fits the mantissa. c * c itself (n * n * d * d) rounds sooner.
+        centred = Op(compute, "sub", (squares.load(idx), Op(compute, "mul", (Op(compute, "truediv", (c, n)), c))))
         return Op(compute, "maximum", (centred, Const(compute, 0.0)))  # >= 0 exactly, not by an ulp
 
     mean_kept = ctx.pointwise(rough_mean.shape, compute, x.device, mean)
@@ -208,6 +215,23 @@ def _mean_and_var(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], c
     if keepdim:
         return mean_kept, var_kept
     return _squeeze_axes(mean_kept, axes), _squeeze_axes(var_kept, axes)
+
+
+def _tag_centered(ctx: LoweringContext, total: TensorValue, mean: TensorValue, drift: TensorValue,
+                  squares: TensorValue) -> None:
+    """Tag ``drift`` and ``squares`` as the centered sums around ``mean = total / n`` (``CenteredSum``):
+    the Triton split then computes them around each chunk's own mean in the pass that sums the
+    chunk (codegen/triton/split.py). Only when all three are reductions (reducing size-1 dims
+    gives pointwise nodes, which are never split)."""
+    nodes = ctx.graph.nodes
+    position = {nodes[k].name: k for k in range(len(nodes) - 1, max(len(nodes) - 8, -1), -1)}  # just added
+    names = (total.buffer, drift.buffer, squares.buffer)
+    if not all(name in position and isinstance(nodes[position[name]], Reduction) for name in names):
+        return
+    tags = {drift.buffer: CenteredSum(mean.buffer, total.buffer, 1),
+            squares.buffer: CenteredSum(mean.buffer, total.buffer, 2, drift.buffer)}
+    for name, tag in tags.items():
+        nodes[position[name]] = dataclasses.replace(nodes[position[name]], centered=tag)
 
 
 @register_lowering(aten.var)
