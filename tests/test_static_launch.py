@@ -35,10 +35,12 @@ class FakeBinding:
     def _launch_kernel(self, *args):
         if len(args) != self.n_params:
             raise TypeError(f"function takes exactly {self.n_params} arguments ({len(args)} given)")
-        kinds = [int, int, int, int, int, int, str, tuple, int][: self.n_params]
+        kinds = [int, int, int, int, int, int, str, tuple, int, int][: self.n_params]
         for position, (value, kind) in enumerate(zip(args, kinds), start=1):
             if not isinstance(value, kind):
                 raise TypeError(f"argument {position} must be {kind.__name__}, not {type(value).__name__}")
+        if args[1] * args[2] * args[3] <= 0:
+            return None  # an empty grid: nothing to launch
         self.calls.append(args)
 
 
@@ -285,6 +287,23 @@ def test_the_environment_variable_turns_it_off(binding, monkeypatch):
 
 def test_the_probe_launches_nothing(binding):
     assert static_launch.binding() == binding._launch_kernel and binding.calls == []
+
+
+def test_a_binding_that_launches_an_empty_grid_is_refused(monkeypatch):
+    class NoEmptyGridReturn(FakeBinding):
+        def _launch_kernel(self, *args):
+            if len(args) == 9 and args[1] == 0:
+                raise RuntimeError("CUDA driver error: invalid argument")
+            return super()._launch_kernel(*args)
+
+    monkeypatch.setattr(torch._C, "_StaticCudaLauncher", NoEmptyGridReturn())
+    static_launch.reset_binding()
+    with pytest.raises(static_launch.Refused, match="RuntimeError: CUDA driver error"):
+        static_launch.binding()
+    static_launch.reset_binding()
+    monkeypatch.setattr(torch, "__version__", "2.7.1+cu126")
+    with pytest.raises(static_launch.Refused, match="torch 2.7.1"):
+        static_launch.binding()
 
 
 def test_the_report_line_counts_both_launchers():

@@ -3,7 +3,7 @@
 A direct launch (``launch.Launcher``) used to call the ``CompiledKernel``'s own launcher: Triton's
 Python ``CudaLauncher.__call__`` (two scratch allocations, hooks, its arguments rebuilt), then
 its C launcher, which parses every parameter, the constexprs included, and asks the driver
-about every pointer. torch's CUDA builds (2.7 and later) ship a C++ launcher for Triton cubins,
+about every pointer. torch's CUDA builds (2.8 and later) ship a C++ launcher for Triton cubins,
 the one Inductor uses: ``_launch_kernel(function, grid_x, grid_y, grid_z, num_warps, shared,
 arg_types, args, stream)`` takes only the binary's real parameters, one type character each.
 
@@ -85,29 +85,42 @@ def reset_binding() -> None:
 
 
 def _probe(launcher: Any) -> tuple[Callable[..., Any] | None, str]:
-    """Check ``_launch_kernel`` parses ``(K i i i i i s O K)``: function, grid x/y/z, warps, shared
-    bytes, type string, argument tuple, stream. Two calls that its argument parsing refuses
-    before anything runs: ten arguments (refused by count: it takes exactly nine), then nine
-    whose stream is None (refused at argument 9: the first eight parsed as expected; the grid
-    is 0, so even a binding that took None there would launch nothing)."""
+    """Check ``_launch_kernel`` parses ``(K i i i i i s O K)`` (function, grid x/y/z, warps, shared
+    bytes, type string, argument tuple, stream; torch 2.8 to 2.13; early builds read the stream
+    as ``l``, the same for a raw stream), with two calls that launch nothing: ten arguments,
+    which it must refuse by count (it takes exactly nine), then nine of those types over an
+    empty grid, which it must parse and return from before touching the driver (every release
+    since 2.8 returns early on an empty grid)."""
     if launcher is None:
-        return None, "this torch has no torch._C._StaticCudaLauncher (a CPU build, or older than 2.7)"
+        return None, "this torch has no torch._C._StaticCudaLauncher (a CPU build, or older than 2.8)"
     if getattr(torch.version, "hip", None):
         return None, "ROCm: torch's launcher there is not Triton's for AMD binaries"
+    if _torch_version() < (2, 8):
+        return None, f"torch {torch.__version__}: its launcher predates the empty-grid return the probe needs"
     launch_kernel = getattr(launcher, "_launch_kernel", None)
     if not callable(launch_kernel):
         return None, "torch._C._StaticCudaLauncher has no _launch_kernel"
-    for args, expected in (((0,) * 10, "exactly 9 arguments"), ((0, 0, 1, 1, 1, 0, "", (), None), "argument 9")):
-        try:
-            launch_kernel(*args)
-        except TypeError as error:
-            if expected not in str(error):
-                return None, f"unexpected _launch_kernel signature ({error})"
-        except Exception as error:  # noqa: BLE001 - anything else is a binding we do not know
-            return None, f"unexpected _launch_kernel signature ({type(error).__name__}: {error})"
-        else:
-            return None, f"unexpected _launch_kernel signature (accepted {len(args)} arguments: {args!r})"
+    try:
+        launch_kernel(*(0,) * 10)
+    except TypeError as error:
+        if "exactly 9 arguments" not in str(error):
+            return None, f"unexpected _launch_kernel signature ({error})"
+    except Exception as error:  # noqa: BLE001 - anything else is a binding we do not know
+        return None, f"unexpected _launch_kernel signature ({type(error).__name__}: {error})"
+    else:
+        return None, "unexpected _launch_kernel signature (it accepted 10 arguments)"
+    try:
+        returned = launch_kernel(0, 0, 1, 1, 1, 0, "", (), 0)  # grid 0 x 1 x 1: nothing to launch
+    except Exception as error:  # noqa: BLE001
+        return None, f"unexpected _launch_kernel signature ({type(error).__name__}: {error})"
+    if returned is not None:
+        return None, f"unexpected _launch_kernel result ({returned!r})"
     return launch_kernel, ""
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 # -- which parameters the binary takes -----------------------------------------------------------
