@@ -410,7 +410,8 @@ def _launch_hooks_off(knobs: Any) -> bool:
     A hook is None (Triton 3.4-3.6) or a chain of callables, empty when none is set (later).
     Runs at every launch: two plain tests, not a generator over the hooks."""
     enter, exit_ = knobs.launch_enter_hook, knobs.launch_exit_hook
-    return (enter is None or not getattr(enter, "calls", True)) and (exit_ is None or not getattr(exit_, "calls", True))
+    return ((enter is None or not getattr(enter, "calls", True))
+            and (exit_ is None or not getattr(exit_, "calls", True)))
 
 
 def _cuda_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]:
@@ -432,9 +433,9 @@ def _binary_launch(compiled: Any, grid: int, tail: tuple[int, ...], n_args: int)
     # from a cached binary has no ``function`` before that), with Triton's checks of shared
     # memory and threads against the device.
     run = compiled.run
-    launch = _static_launch(compiled, grid, tail, n_args)
-    if launch is not None:
-        return launch
+    static = _static_launch(compiled, grid, tail, n_args)
+    if static is not None:
+        return static
     function, metadata = compiled.function, compiled.packed_metadata
 
     def launch(stream: int, *args: Any) -> None:

@@ -89,8 +89,9 @@ def _probe(launcher: Any) -> tuple[Callable[..., Any] | None, str]:
     bytes, type string, argument tuple, stream; torch 2.8 to 2.13; early builds read the stream
     as ``l``, the same for a raw stream), with two calls that launch nothing: ten arguments,
     which it must refuse by count (it takes exactly nine), then nine of those types over an
-    empty grid, which it must parse and return from before touching the driver (every release
-    since 2.8 returns early on an empty grid)."""
+    empty grid, which it must parse and return from before touching the driver (the sources
+    read, mid-2025 to 2026, return early on an empty grid; a binding that did not would fail on
+    the null function, and be refused)."""
     if launcher is None:
         return None, "this torch has no torch._C._StaticCudaLauncher (a CPU build, or older than 2.8)"
     if getattr(torch.version, "hip", None):
