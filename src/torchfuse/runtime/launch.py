@@ -69,8 +69,8 @@ class LaunchStats:
     static_refused: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
-        """The report's launch line ("" before any GPU launch)."""
-        if not (self.direct or self.through_triton or self.static or self.static_refused):
+        """The report's launch line ("" before any direct launch: CPU runs, Triton's interpreter)."""
+        if not (self.direct or self.static or self.static_refused):
             return ""
         text = (f"GPU launches: {self.direct} straight to a compiled binary, {self.through_triton} through "
                 f"Triton's JIT; binaries launched through torch's C++ launcher: {self.static}")
