@@ -13,7 +13,7 @@ from torchfuse.diagnostics.html import render_report
 from torchfuse.diagnostics.model import GraphReport, KernelReport
 from torchfuse.frontend import aot_cache
 from torchfuse.frontend.dynamo_events import current_compile_id
-from torchfuse.runtime import aot_store
+from torchfuse.runtime import aot_store, launch
 
 
 @dataclass
@@ -23,7 +23,9 @@ class Report:
     def __str__(self) -> str:
         if not self.graphs:
             return "torchfuse: nothing compiled yet"
-        return "\n".join([*(str(g) for g in self.graphs), str(self.compile_times), self.warm_cache])
+        launches = launch.stats.summary()
+        return "\n".join([*(str(g) for g in self.graphs), str(self.compile_times), *filter(None, [launches]),
+                          self.warm_cache])
 
     @property
     def warm_cache(self) -> str:

@@ -116,8 +116,9 @@ def compile_triton(job: dict) -> dict:
     source = ASTSource(fn, job["signature"], job["constexprs"], job["attrs"])
     compiled = triton.compile(source, target=target, options=job["options"])
     binary_ext = make_backend(target).binary_ext
+    # The PTX too: the static launcher checks the binary's parameters against its ``.entry``.
     files = {name: Path(file).read_bytes() for name, file in compiled.metadata_group.items()
-             if name.endswith((".json", "." + binary_ext))}
+             if name.endswith((".json", ".ptx", "." + binary_ext))}
     binary_cache.store(root, job["key"], files, job.get("info"))
     return {"ok": True, "cached": False, "launcher": prebuild_launcher(source, compiled)}
 

@@ -9,7 +9,10 @@ specialization key, checks globals and builds launch metadata on every call. ``L
 does that once per *specialization* (argument dtypes, 16-byte alignment of pointers, the
 integer classes Triton specializes on, block sizes): the first call of a specialization goes
 through Triton (compiling if needed) and keeps the ``CompiledKernel``; later calls hand the
-arguments straight to the compiled binary's C launcher.
+arguments straight to the compiled binary: through torch's C++ launcher (``static_launch.py``:
+only the parameters the binary takes, no Python layer of Triton's) where torch has it and the
+binary qualifies, else through the binary's own C launcher. ``TORCHFUSE_STATIC_LAUNCH=0`` keeps
+Triton's launcher for every binary.
 
 A specialization compiled ahead (``triton_ahead.py``: predicted from the graph, compiled by the
 worker pool) is given to the launcher with ``prepare``; its first call loads that binary and
@@ -22,12 +25,13 @@ that config's binary serves every later call.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK
+from torchfuse.runtime import static_launch
 
 MAX_POINTWISE_BLOCK = 1024
 MAX_PERSISTENT_TILE = 4096  # elements of one [XBLOCK, RBLOCK] tile held in registers
@@ -59,6 +63,24 @@ class LaunchStats:
     through_triton: int = 0  # launches through JITFunction.run (first of a specialization, interpreter)
     ahead: int = 0  # first launches of a specialization served by a binary compiled ahead
     ahead_failed: int = 0  # predicted specializations whose binary could not be loaded (Triton compiled it)
+    static: int = 0  # binaries launched directly through torch's C++ launcher (static_launch.py)
+    # binaries launched directly through Triton's own launcher instead, by the reason
+    # static_launch gave (refused, or an error while preparing it)
+    static_refused: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """The report's launch line ("" before any direct launch: CPU runs, Triton's interpreter)."""
+        if not (self.direct or self.static or self.static_refused):
+            return ""
+        text = (f"GPU launches: {self.direct} straight to a compiled binary, {self.through_triton} through "
+                f"Triton's JIT; binaries launched through torch's C++ launcher: {self.static}")
+        refused = sum(self.static_refused.values())
+        if refused:
+            reasons = sorted(self.static_refused.items(), key=lambda item: -item[1])
+            shown = "; ".join(f"{count} x {reason}" for reason, count in reasons[:3])
+            more = f"; {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
+            text += f", through Triton's launcher: {refused} ({shown}{more})"
+        return text
 
 
 stats = LaunchStats()
@@ -213,6 +235,8 @@ class Launcher:
         if xnumel <= 0:
             return
         key = None
+        # The hot path: every step of a model runs it once per kernel, so it is kept to plain
+        # attribute reads and calls (no generators, no per-argument loops).
         if self.direct and _launch_hooks_off(self.knobs):
             if self.current_device is None:
                 self.current_device, self.current_stream = _cuda_device_and_stream()
@@ -279,7 +303,8 @@ class Launcher:
             stats.ahead_failed += 1
             return None
         stats.ahead += 1
-        return _binary_launch(compiled, config.grid, (*self._numels(key[1], key[2]), *config.constexprs))
+        return _binary_launch(compiled, config.grid, (*self._numels(key[1], key[2]), *config.constexprs),
+                              len(key) - 3)
 
     def launch_through_triton(self, config: Config, xnumel: int, rnumel: int, args: tuple,
                               binary: bool) -> Callable[..., None] | None:
@@ -291,7 +316,7 @@ class Launcher:
             compiled = self.fn[(config.grid,)](*args, *numels, **config.blocks(), **config.launch_options())
         if not binary or compiled is None:
             return None
-        return _binary_launch(compiled, config.grid, (*numels, *config.constexprs))
+        return _binary_launch(compiled, config.grid, (*numels, *config.constexprs), len(args))
 
     def _numels(self, xnumel: int, rnumel: int) -> tuple[int, ...]:
         return (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)
@@ -382,9 +407,11 @@ def _runtime_knobs() -> Any:
 
 def _launch_hooks_off(knobs: Any) -> bool:
     """Triton's launch hooks (Proton, for one) want its launch metadata: go through Triton then.
-    A hook is None (Triton 3.4-3.6) or a chain of callables, empty when none is set (later)."""
-    return all(hook is None or not getattr(hook, "calls", True)
-               for hook in (knobs.launch_enter_hook, knobs.launch_exit_hook))
+    A hook is None (Triton 3.4-3.6) or a chain of callables, empty when none is set (later).
+    Runs at every launch: two plain tests, not a generator over the hooks."""
+    enter, exit_ = knobs.launch_enter_hook, knobs.launch_exit_hook
+    return ((enter is None or not getattr(enter, "calls", True))
+            and (exit_ is None or not getattr(exit_, "calls", True)))
 
 
 def _cuda_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]:
@@ -396,15 +423,41 @@ def _cuda_device_and_stream() -> tuple[Callable[[], int], Callable[[int], int]]:
     return torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
 
 
-def _binary_launch(compiled: Any, grid: int, tail: tuple[int, ...]) -> Callable[..., None]:
+def _binary_launch(compiled: Any, grid: int, tail: tuple[int, ...], n_args: int) -> Callable[..., None]:
     """Launch ``compiled`` on a stream, without Triton's Python layer: ``tail`` holds the numels
-    and block sizes, fixed for this specialization."""
+    and block sizes, fixed for this specialization, after the ``n_args`` arguments of a launch.
+    Through torch's C++ launcher where it is available and the binary qualifies
+    (``static_launch``), else through the binary's own C launcher; a refusal or an error while
+    preparing the former is counted, with its reason, in ``stats.static_refused``."""
     # ``run`` first: reading it loads the binary onto the current device (a CompiledKernel made
-    # from a cached binary has no ``function`` before that).
+    # from a cached binary has no ``function`` before that), with Triton's checks of shared
+    # memory and threads against the device.
     run = compiled.run
+    static = _static_launch(compiled, grid, tail, n_args)
+    if static is not None:
+        return static
     function, metadata = compiled.function, compiled.packed_metadata
 
     def launch(stream: int, *args: Any) -> None:
         run(grid, 1, 1, stream, function, metadata, None, None, None, *args, *tail)
 
+    launch.compiled = compiled  # the module ``function`` lives in is unloaded with its CompiledKernel
     return launch
+
+
+def _static_launch(compiled: Any, grid: int, tail: tuple[int, ...], n_args: int) -> Callable[..., None] | None:
+    """``static_launch.static_launch``, or None (counted, with why) where it is off or refused."""
+    if not static_launch.enabled():
+        reason = f"{static_launch.ENV_VARIABLE}=0"
+    else:
+        try:
+            launch = static_launch.static_launch(compiled, grid, tail, n_args)
+        except static_launch.Refused as refused:
+            reason = str(refused)
+        except Exception as error:  # noqa: BLE001 - Triton's launcher still serves this binary
+            reason = f"error preparing it: {type(error).__name__}: {error}"
+        else:
+            stats.static += 1
+            return launch
+    stats.static_refused[reason] = stats.static_refused.get(reason, 0) + 1
+    return None

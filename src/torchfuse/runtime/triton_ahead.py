@@ -197,7 +197,7 @@ def load_compiled(fn: Any, spec: TritonSpec, entry: binary_cache.Entry) -> Any:
     metadata = json.loads(entry.files[metadata_name].read_text())
     group = {name: str(path) for name, path in entry.files.items()}
     compiled = CompiledKernel(ASTSource(fn, spec.signature, spec.constexprs, spec.attrs), group, metadata["hash"])
-    binary_name = next(name for name in entry.files if name != metadata_name)
+    binary_name = next(name for name in entry.files if not name.endswith((".json", ".ptx")))
     if not entry.verified(binary_name, compiled.kernel):
         _failed(f"{binary_name}: changed on disk while loading")
         return None
