@@ -104,7 +104,7 @@ class _SchedulerState:
             )
             if should_realize(node, ctx):
                 self.realized.add(node.name)
-        self._store_shared_chains(effective)
+        self._store_shared_chains(effective, direct)
         self._store_values_that_cannot_travel(direct)
 
     def _store_values_that_cannot_travel(self, direct: dict[str, list[str]]) -> None:
@@ -123,7 +123,7 @@ class _SchedulerState:
                     self.realized.add(node.name)
                     changed = True
 
-    def _store_shared_chains(self, effective_readers: dict[str, set[str]]) -> None:
+    def _store_shared_chains(self, effective_readers: dict[str, set[str]], direct: dict[str, list[str]]) -> None:
         """Store inlined chains that several readers would recompute.
 
         The first pass judged each body alone, so a residual stream (``h = x + a1``,
@@ -131,7 +131,10 @@ class _SchedulerState:
         whole chain and kept all its terms alive. In graph order (a node's producers are
         decided before it), each body is judged with its inlined producers in place: by the
         full-size buffers it reads (``policy.should_store_shared``) and by the operations it
-        computes (``policy.should_store_recomputed``).
+        computes (``policy.should_store_recomputed``). The second is asked only where the
+        chain fans out (several direct readers): a node read by one inlined node is recomputed
+        wherever that reader is, so storing the reader (later, larger) covers it too, while
+        storing both operands of one add would store two buffers where one suffices.
         """
         inlined_reads: dict[str, frozenset[str]] = {}
         inliners: dict[torch.device, Inliner] = {}  # valid for this pass: decisions only grow ahead
@@ -144,7 +147,7 @@ class _SchedulerState:
             large = [b for b in reads if not self._smaller_than(b, node)]
             reader_count = len(effective_readers.get(node.name, ()))
             decision = policy.should_store_shared(len(large), reader_count)
-            if not decision and reader_count > 1:
+            if not decision and reader_count > 1 and len(set(direct.get(node.name, ()))) > 1:
                 inliner = inliners.setdefault(node.device, self._new_inliner(node.device))
                 ops = count_ops(inliner.inline(node.body).body)
                 decision = policy.should_store_recomputed(ops, reader_count)
