@@ -58,6 +58,19 @@ def should_store_shared(large_reads: int, reader_count: int) -> FusionDecision:
     return FusionDecision.no("cheap to recompute in its readers")
 
 
+def should_store_recomputed(inlined_ops: int, reader_count: int) -> FusionDecision:
+    """Store a buffer whose readers would each recompute a large inlined body.
+
+    ``inlined_ops`` counts the operations of the body once the producers that are not stored
+    are inlined, each shared value once (as the renderers emit it). ``should_realize`` judged
+    the node's own body, in which a chain of small links all looks cheap; recomputed in R
+    readers, the chain costs R times its whole length. The bound is the one for a body alone.
+    """
+    if reader_count > 1 and inlined_ops > MAX_RECOMPUTED_OPS:
+        return FusionDecision.yes(f"{reader_count} readers would each recompute {inlined_ops} inlined ops")
+    return FusionDecision.no("cheap to recompute in its readers")
+
+
 def worth_fusing(shares_memory: bool, kernel: FusedKernel) -> FusionDecision:
     """Fuse only nodes that share a buffer with the kernel: that is what saves traffic."""
     if not shares_memory:

@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from torchfuse.ir.expr import Expr, Load, loads, read_buffers, substitute_index, walk
+import torch
+
+from torchfuse.ir.expr import Expr, Load, count_ops, loads, read_buffers, substitute_index, walk
 from torchfuse.ir.graph import Extern, Graph, Pointwise, Reduction, ScatterAdd
 from torchfuse.ir.symbols import product
 from torchfuse.scheduler import placement as placing
 from torchfuse.scheduler import policy
-from torchfuse.scheduler.bodies import inline_producers
+from torchfuse.scheduler.bodies import Inliner
 from torchfuse.scheduler.decisions import FusionDecision
 from torchfuse.scheduler.devices import may_inline_across, travels_as_value
 from torchfuse.scheduler.in_place import store_mutations_in_place
@@ -71,6 +73,7 @@ class _SchedulerState:
         self.readers: dict[str, list[ScheduledItem]] = {}  # stored buffer -> items reading it
         self.reads_of: dict[int, set[str]] = {}  # id(item) -> stored buffers it reads
         self.inlined_origins: dict[int, set[str]] = {}
+        self.inliners: dict[torch.device, Inliner] = {}  # step 2's, once ``realized`` is final
 
     # -- step 1: realize or inline ------------------------------------------------------
     def decide_realized(self, should_realize) -> None:
@@ -101,7 +104,7 @@ class _SchedulerState:
             )
             if should_realize(node, ctx):
                 self.realized.add(node.name)
-        self._store_shared_chains(effective)
+        self._store_shared_chains(effective, direct)
         self._store_values_that_cannot_travel(direct)
 
     def _store_values_that_cannot_travel(self, direct: dict[str, list[str]]) -> None:
@@ -120,15 +123,21 @@ class _SchedulerState:
                     self.realized.add(node.name)
                     changed = True
 
-    def _store_shared_chains(self, effective_readers: dict[str, set[str]]) -> None:
-        """Store inlined chains that several readers would recompute from many buffers.
+    def _store_shared_chains(self, effective_readers: dict[str, set[str]], direct: dict[str, list[str]]) -> None:
+        """Store inlined chains that several readers would recompute.
 
         The first pass judged each body alone, so a residual stream (``h = x + a1``,
         ``h2 = h + m1``...) looked cheap link by link while every later norm recomputed the
-        whole chain and kept all its terms alive. In graph order, each body's reads are
-        counted with its inlined producers' reads in place (``policy.should_store_shared``).
+        whole chain and kept all its terms alive. In graph order (a node's producers are
+        decided before it), each body is judged with its inlined producers in place: by the
+        full-size buffers it reads (``policy.should_store_shared``) and by the operations it
+        computes (``policy.should_store_recomputed``). The second is asked only where the
+        chain fans out (several direct readers): a node read by one inlined node is recomputed
+        wherever that reader is, so storing the reader (later, larger) covers it too, while
+        storing both operands of one add would store two buffers where one suffices.
         """
         inlined_reads: dict[str, frozenset[str]] = {}
+        inliners: dict[torch.device, Inliner] = {}  # valid for this pass: decisions only grow ahead
         for node in self.graph.nodes:
             if not isinstance(node, Pointwise) or node.name in self.realized:
                 continue
@@ -136,7 +145,13 @@ class _SchedulerState:
             for buffer in read_buffers(node.body):
                 reads |= inlined_reads.get(buffer, {buffer})
             large = [b for b in reads if not self._smaller_than(b, node)]
-            if policy.should_store_shared(len(large), len(effective_readers.get(node.name, ()))):
+            reader_count = len(effective_readers.get(node.name, ()))
+            decision = policy.should_store_shared(len(large), reader_count)
+            if not decision and reader_count > 1 and len(set(direct.get(node.name, ()))) > 1:
+                inliner = inliners.setdefault(node.device, self._new_inliner(node.device))
+                ops = count_ops(inliner.inline(node.body).body)
+                decision = policy.should_store_recomputed(ops, reader_count)
+            if decision:
                 self.realized.add(node.name)
             else:
                 inlined_reads[node.name] = frozenset(reads)
@@ -159,6 +174,26 @@ class _SchedulerState:
             return node
         return None
 
+    def _new_inliner(self, device: torch.device) -> Inliner:
+        """An Inliner for readers on ``device``, recomputing what ``realized`` does not store
+        (producers of another device only as values, ``may_inline_across``)."""
+
+        def producer_for_device(name: str) -> Pointwise | None:
+            producer = self.inlinable(name)
+            return producer if producer is not None and may_inline_across(producer, device) else None
+
+        return Inliner(producer_for_device)
+
+    def _inline(self, body: Expr, device: torch.device, origins: set[str]) -> Expr:
+        """``body`` with its producers inlined for a reader on ``device``; their ATen ops are
+        added to ``origins``. One Inliner per device serves all of step 2, so the members of a
+        kernel share what they recompute."""
+        if device not in self.inliners:
+            self.inliners[device] = self._new_inliner(device)
+        inlined = self.inliners[device].inline(body)
+        origins.update(self.nodes[name].origin for name in inlined.producers)
+        return inlined.body
+
     # -- step 2: group -------------------------------------------------------------------
     def add_extern(self, node: Extern) -> None:
         item = ExternKernel(node)
@@ -168,16 +203,10 @@ class _SchedulerState:
 
     def add_node(self, node: Pointwise | Reduction | ScatterAdd, worth_fusing) -> None:
         origins: set[str] = set()
-
-        def producer_for_this_device(name: str) -> Pointwise | None:
-            producer = self.inlinable(name)
-            return producer if producer is not None and may_inline_across(producer, node.device) else None
-
         if isinstance(node, ScatterAdd):
-            self._add_scatter(node, lambda e: inline_producers(e, producer_for_this_device, lambda p: origins.add(p.origin)),
-                              origins)
+            self._add_scatter(node, lambda e: self._inline(e, node.device, origins), origins)
             return
-        own_body = inline_producers(node.body, producer_for_this_device, lambda p: origins.add(p.origin))
+        own_body = self._inline(node.body, node.device, origins)
         reads = {load.buffer for load in loads(own_body)}
         for kernel in self._candidates(reads):
             decision = self._try_join(node, own_body, reads, kernel, worth_fusing)

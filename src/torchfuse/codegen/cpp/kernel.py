@@ -76,6 +76,9 @@ class CppKernelRenderer:
         self.pointers: dict[str, str] = {}
         self.written: set[str] = set()
         self.registers: dict[str, Value] = {}
+        # (member, index) -> its inlined body there: each member read at each index is inlined
+        # once, so a chain of members each read twice stays as large as the chain.
+        self._inlined_reads: dict[tuple[str, tuple], Expr] = {}
         self.writer = ExpressionWriter(buffers, self.pointer, self._resolve_load)
         stores = [self.store_offset(m, {}) for m in kernel.members if m.stored] if kernel.kind == "pointwise" else []
         self.plan: LoopPlan = plan_loops(kernel.x_vars, kernel.x_ranges, kernel.r_vars, kernel.r_ranges,
@@ -108,7 +111,10 @@ class CppKernelRenderer:
             member = self.members.get(node.buffer)
             if member is None or isinstance(member.node, Reduction):
                 return None
-            return self.inlined(member.body_at(node.index))
+            key = (node.buffer, node.index)
+            if key not in self._inlined_reads:
+                self._inlined_reads[key] = self.inlined(member.body_at(node.index))
+            return self._inlined_reads[key]
 
         return transform(body, rewrite)
 

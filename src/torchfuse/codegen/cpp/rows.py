@@ -82,27 +82,43 @@ def hoist_row_invariant_values(renderer, expr: Expr, row: Scope) -> None:
     reductions); the store loop then finds them in the row's scope. GCC left such chains inside
     the loop (a 2048 x 1024 layer norm on 2 cores: the corrected two-pass variance's extra
     arithmetic cost ~20%, ~10% with this; docs/decisions.md). Integer division and remainder
-    stay inside: the loop may run zero times, and hoisted they could divide by zero."""
-    if _row_invariant(renderer, expr):
-        if isinstance(expr, Op) and expr.dtype.is_floating_point:
-            renderer.writer.value(expr, row)
-        return
-    for child in expr.children():
-        hoist_row_invariant_values(renderer, child, row)
+    stay inside: the loop may run zero times, and hoisted they could divide by zero.
+
+    Each distinct node is looked at once, outermost first (a body shares sub-expressions: an
+    inlined chain read twice per link would otherwise be walked as a tree of 2**links)."""
+    invariant = _row_invariant_nodes(renderer, expr)
+    visited: set[int] = set()
+    pending = [expr]
+    while pending:
+        node = pending.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        if id(node) in invariant:
+            if isinstance(node, Op) and node.dtype.is_floating_point:
+                renderer.writer.value(node, row)
+            continue
+        pending.extend(reversed(node.children()))
 
 
-def _row_invariant(renderer, expr: Expr) -> bool:
+def _row_invariant_nodes(renderer, expr: Expr) -> set[int]:
+    """Ids of the nodes of ``expr`` that do not depend on the reduced variables (nor divide
+    integers), computed children first."""
     r_vars = {loop.var for loop in renderer.plan.r_loops}
+    invariant: set[int] = set()
     for node in walk(expr):
-        if isinstance(node, Load):
-            if not _load_row_invariant(node, r_vars):
-                return False
-        elif isinstance(node, Op):
-            if not node.dtype.is_floating_point and any(word in node.name for word in ("div", "mod", "rem")):
-                return False
-        elif not node.children() and getattr(node, "index", None) is not None:  # IndexValue
-            if sympy.sympify(node.index).free_symbols & r_vars:
-                return False
+        if _locally_row_invariant(node, r_vars) and all(id(c) in invariant for c in node.children()):
+            invariant.add(id(node))
+    return invariant
+
+
+def _locally_row_invariant(node: Expr, r_vars: set) -> bool:
+    if isinstance(node, Load):
+        return _load_row_invariant(node, r_vars)
+    if isinstance(node, Op):
+        return node.dtype.is_floating_point or not any(word in node.name for word in ("div", "mod", "rem"))
+    if not node.children() and getattr(node, "index", None) is not None:  # IndexValue
+        return not sympy.sympify(node.index).free_symbols & r_vars
     return True
 
 

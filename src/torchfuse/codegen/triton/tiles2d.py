@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from torchfuse.ir.expr import Expr, loads
+from torchfuse.ir.expr import Expr, Load, loads
 from torchfuse.ir.graph import Buffer, Reduction
 from torchfuse.ir.symbols import linear_coefficients, product, simplify_index
 from torchfuse.scheduler.kernel import FusedKernel
@@ -142,11 +142,13 @@ def _reads(kernel: FusedKernel, buffers: dict[str, Buffer]) -> list[tuple[Buffer
     members = {m.node.name: m for m in kernel.members}
     found: list[tuple[Buffer, sympy.Expr]] = []
     pending: list[Expr] = [m.body for m in kernel.members if m.stored]
+    followed: set[Load] = set()  # each member read once: a chain of members read twice stays linear
     while pending:
         for load in loads(pending.pop()):
             member = members.get(load.buffer)
             if member is not None and not isinstance(member.node, Reduction):
-                if not load.is_indirect:
+                if not load.is_indirect and load not in followed:
+                    followed.add(load)
                     pending.append(member.body_at(load.index))
                 continue
             buffer = buffers.get(load.buffer)
