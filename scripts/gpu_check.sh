@@ -11,6 +11,10 @@
 #   bash scripts/gpu_check.sh profile CASES  # per step: wall vs GPU ms, launches, host us/launch, top
 #                                            # kernels; eager, Inductor, torchfuse and both
 #                                            # reduce-overhead modes (issue 15; ~150 s a case)
+#   bash scripts/gpu_check.sh verify CASES   # after a change: the whole suite (-v, so a cut-short
+#                                            # run still names its failures; ~210 s), then the
+#                                            # profile of the named cases (eager, Inductor, torchfuse;
+#                                            # ~100-150 s a training case)
 #   bash scripts/gpu_check.sh autotune [CASES] # max-autotune (issue 16): its tests, then the bench
 #                                            # of the micro suite (or the named cases) with torchfuse
 #                                            # and both compilers' max-autotune, cold and warm
@@ -57,8 +61,19 @@ run_autotune() {  # cases (default: the micro suite)
     echo "autotune exit $?" >> "$out/autotune.log"
 }
 
+run_verify() {  # cases
+    timeout 240 python3 -m pytest tests -n 14 -v -p no:cacheprovider -p no:logging --timeout 200 \
+        -W ignore --tb=short > "$out/tests.log" 2>&1
+    echo "tests exit $?" >> "$out/tests.log"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$out/tests.log" | tail -15 > "$out/failures.txt"
+    timeout 330 python3 scripts/gpu_profile.py ${1:+--cases "$1"} --backends eager,inductor,torchfuse \
+        --out "$out/profile" > "$out/profile.log" 2>&1
+    echo "profile exit $?" >> "$out/profile.log"
+}
+
 case "$what" in
     tests) run_tests ;;
+    verify) run_verify "$cases" ;;
     compile) run_compile "$cases" ;;
     autotune) run_autotune "$cases" ;;
     micro) run_bench micro 540 ;;
@@ -67,7 +82,7 @@ case "$what" in
                  > "$out/profile.log" 2>&1; echo "profile exit $?" >> "$out/profile.log" ;;
     models) run_bench models 560 ${cases:+--cases "$cases"} ;;
     quick) run_tests; run_bench micro 300 ;;
-    *) echo "usage: bash scripts/gpu_check.sh [tests|micro|models [CASES]|compile CASES|profile CASES|autotune [CASES]|quick]" >&2
+    *) echo "usage: bash scripts/gpu_check.sh [tests|verify CASES|micro|models [CASES]|compile CASES|profile CASES|autotune [CASES]|quick]" >&2
        exit 2 ;;
 esac
 tail -n 4 "$out"/*.log
