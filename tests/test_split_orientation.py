@@ -63,3 +63,19 @@ def test_a_read_through_a_merged_view_votes_by_its_first_step():
     assert orientation_votes([Access(nchw, 100), Access(channels_last, 100)], [x], r) == (100, 100)
     symbolic = ModIndex(r, sympy.Symbol("s0", positive=True, integer=True))
     assert orientation_votes([Access(symbolic, 100)], [x], r) == (0, 0)  # no numeric step: no vote
+
+
+def test_a_reduction_over_a_stored_producer_is_sized_for_its_direct_read():
+    """``y`` is a graph output, so the scheduler stores it and the column sum reads it row-major
+    (outer, one program per 32 outputs); through the copy its leaf read of ``x`` is inner (one
+    program per output: enough). The split must plan for the read the renderer may really get."""
+    x = floats((768, 40), torch.float32, specials=[], seed=5)
+
+    def fn(x):
+        y = x.t().contiguous() * 2
+        return y, y.sum(0)
+
+    torchfuse.reset()
+    check_outputs(fn, x, compiled=compile_strict(fn, options={"target": "triton"}), scale_tol=True)
+    notes = [note for g in torchfuse.report().graphs for note in g.split_reductions]
+    assert len(notes) == 1 and "into 768" in notes[0], notes

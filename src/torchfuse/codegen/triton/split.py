@@ -205,8 +205,16 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
     # chunks s are neighbouring elements of the NCHW read too, so both reads coalesce. Split
     # inner, the channels-last read stepped 16 elements between lanes.
     outer = outer_votes > 0 and outer_votes >= inner_votes
-    lanes = policy.outer_lanes if outer else 1
-    unsplit_programs = -(-outputs // (OUTER_MIN_XBLOCK if outer else 1))  # the most the launcher makes
+    # Whether the scheduler fuses a producer or stores it (read twice, or too long to recompute)
+    # is decided later: stored, its buffer is read as it is laid out now. If those direct reads
+    # vote outer, the renderer may tile outer, with one program per 32 outputs: size the split
+    # (and the "enough programs" test) for that too (a BERT bias gradient read through a stored
+    # producer was left unsplit, 768 outputs, and ran 24 programs).
+    direct_outer = bool(r_vars) and orientation_votes(
+        accesses_of([load for load in loads(node.body) if not load.is_indirect], buffers, r_vars),
+        x_vars, r_vars[-1])[1] > 0
+    lanes = policy.outer_lanes if outer or direct_outer else 1
+    unsplit_programs = -(-outputs // (OUTER_MIN_XBLOCK if outer or direct_outer else 1))  # the fewest it may get
     min_chunk = max(2, policy.min_program_elements // lanes)
     if unsplit_programs >= policy.min_programs or reduced < 2 * min_chunk:
         return None
