@@ -139,11 +139,14 @@ class CompilePool:
         return future
 
     def ping(self) -> list[dict]:
-        """One reply from each worker's process (tests: is it alive, did it import torch)."""
+        """One reply from each worker's process (tests: is it alive, did it import torch). The
+        feeders meet at a barrier before sending their ping, so no feeder takes two (a quick
+        worker once answered both pings of a two-worker pool)."""
         futures = []
+        barrier = threading.Barrier(self.size)
         for _ in range(self.size):
             future: Future = Future()
-            self._jobs.put(({"kind": "ping", "key": None}, future))
+            self._jobs.put(({"kind": "ping", "key": None}, future, barrier))
             futures.append(future)
         return [f.result() for f in futures]
 
@@ -152,9 +155,14 @@ class CompilePool:
             item = self._jobs.get()
             if item is None:
                 return
-            job, future = item
+            job, future, *barrier = item
             if not future.set_running_or_notify_cancel():
                 continue
+            if barrier:
+                try:
+                    barrier[0].wait(timeout=120)  # every feeder holds one ping (``ping``)
+                except threading.BrokenBarrierError:
+                    pass  # a feeder busy past the timeout: the ping still gets its reply
             started = time.perf_counter()
             try:
                 reply = self._workers[index].request(job)
