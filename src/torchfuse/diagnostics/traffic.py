@@ -45,8 +45,14 @@ class TrafficCounter:
         self.shape_env = shape_env
         self.nodes = {n.name: n for n in graph.nodes if not isinstance(n, Extern)}
         self.members = {m.node.name for k in kernels for m in k.members}
+        self._seen: dict[str, BufferAccess] = {}  # a buffer is read by many kernels: size it once
 
     def access(self, name: str) -> BufferAccess:
+        if name not in self._seen:
+            self._seen[name] = self._access(name)
+        return self._seen[name]
+
+    def _access(self, name: str) -> BufferAccess:
         buffer: Buffer | None = self.graph.buffers.get(name)
         if buffer is None:
             return BufferAccess(name, "?", None)

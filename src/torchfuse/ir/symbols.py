@@ -152,6 +152,13 @@ def contiguous_strides(shape) -> tuple[sympy.Expr, ...]:
 
 def simplify_index(expr: sympy.Expr) -> sympy.Expr:
     """Expand and fold ``d * (x // d) + x % d`` back into ``x`` (views that merge dims make it)."""
+    return _simplify_index(sympy.sympify(expr))
+
+
+# Index expressions repeat across a model's identical layers (and a kernel's members): each
+# distinct one is expanded and folded once. sympy expressions are immutable and hashable.
+@functools.lru_cache(maxsize=1 << 16)
+def _simplify_index(expr: sympy.Expr) -> sympy.Expr:
     expr = sympy.expand(expr)
     for _ in range(8):  # each pass folds one level of nesting
         folded = _fold_div_mod(expr)
@@ -189,6 +196,12 @@ def _coeff_of_function(term: sympy.Expr, function: type) -> tuple[sympy.Expr, sy
 
 def linear_coefficients(expr: sympy.Expr, variables) -> tuple[list[sympy.Expr], sympy.Expr] | None:
     """Coefficients of ``expr`` in ``variables`` and the constant term, or None if not affine."""
+    found = _linear_coefficients(sympy.sympify(expr), tuple(variables))
+    return None if found is None else (list(found[0]), found[1])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _linear_coefficients(expr: sympy.Expr, variables: tuple) -> tuple[tuple, sympy.Expr] | None:
     expr = sympy.expand(expr)
     coeffs = []
     for var in variables:
@@ -199,4 +212,4 @@ def linear_coefficients(expr: sympy.Expr, variables) -> tuple[list[sympy.Expr], 
     constant = sympy.expand(expr - sum(c * v for c, v in zip(coeffs, variables)))
     if constant.has(*variables):
         return None
-    return coeffs, constant
+    return tuple(coeffs), constant
