@@ -123,7 +123,10 @@ class WrapperWriter:
         key = self._pool_key(buffer)
         if key[3] and self.free_pool.get(key):
             old, _ = self.free_pool[key].pop()
-            self.emit(f"{buffer.name} = {old}.view({_tuple(buffer.shape)}); del {old}  # reuse dead buffer")
+            if tuple(self.graph.buffers[old].shape) == tuple(buffer.shape):  # no view to make (~1 us a call)
+                self.emit(f"{buffer.name} = {old}; del {old}  # reuse dead buffer")
+            else:
+                self.emit(f"{buffer.name} = {old}.view({_tuple(buffer.shape)}); del {old}  # reuse dead buffer")
         else:
             self.emit(f"{buffer.name} = tf_empty_strided({_tuple(buffer.shape)}, {_tuple(buffer.strides)}, dtype={dtype}, device={device})")
         self.live.add(buffer.name)

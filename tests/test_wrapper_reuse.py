@@ -1,0 +1,39 @@
+"""The wrapper hands a dead buffer to a later one of the same size (runtime/wrapper.py), without a
+``.view`` when the shapes already agree (a view is ~1 us of host time at every step)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchfuse
+from conftest import compile_strict
+from opcheck import check_outputs, floats
+from torchfuse.codegen.triton import split
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
+
+
+@pytest.fixture(autouse=True)
+def small_split(monkeypatch):  # split small reductions, so each makes a partial buffer
+    monkeypatch.setattr(split, "POLICY", split.SplitPolicy(min_elements=256, min_programs=64, target_programs=8,
+                                                           min_program_elements=32, outer_lanes=4))
+
+
+def _reuses() -> list[str]:
+    return [line.strip() for g in torchfuse.report().graphs for line in g.wrapper_source.splitlines()
+            if "reuse dead buffer" in line]
+
+
+def test_partials_of_the_same_shape_are_reused_without_a_view():
+    """Three centerings in a row: each mean's partials take the previous one's dead buffer."""
+    def fn(x):
+        a = (x - x.mean((0, 2, 3), keepdim=True)).relu()
+        b = (a - a.mean((0, 2, 3), keepdim=True)).relu()
+        return b - b.mean((0, 2, 3), keepdim=True)
+
+    torchfuse.reset()
+    x = floats((4, 6, 9, 7), torch.float32, specials=[], seed=12).to(memory_format=torch.channels_last)
+    check_outputs(fn, x, compiled=compile_strict(fn, options={"target": "triton"}), scale_tol=True)
+    reuses = _reuses()
+    assert len(reuses) >= 2 and not any(".view(" in line for line in reuses), reuses
+
