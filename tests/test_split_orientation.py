@@ -17,10 +17,10 @@ from opcheck import check_outputs, fallbacks, floats
 from torchfuse.codegen.triton import split
 from torchfuse.codegen.triton.tiling import Access, orientation_votes
 from torchfuse.ir.symbols import FloorDiv, ModIndex
+from test_split_reductions import SMALL
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 
-SMALL = split.SplitPolicy(min_elements=256, min_programs=64, target_programs=8, min_program_elements=32, outer_lanes=4)
 
 
 @pytest.fixture(autouse=True)

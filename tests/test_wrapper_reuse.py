@@ -8,6 +8,7 @@ import torch
 import torchfuse
 from conftest import compile_strict
 from opcheck import check_outputs, floats
+from test_split_reductions import SMALL
 from torchfuse.codegen.triton import split
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
@@ -15,8 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserW
 
 @pytest.fixture(autouse=True)
 def small_split(monkeypatch):  # split small reductions, so each makes a partial buffer
-    monkeypatch.setattr(split, "POLICY", split.SplitPolicy(min_elements=256, min_programs=64, target_programs=8,
-                                                           min_program_elements=32, outer_lanes=4))
+    monkeypatch.setattr(split, "POLICY", SMALL)
 
 
 def _reuses() -> list[str]:

@@ -143,7 +143,13 @@ class LoweringContext:
     def adopt_traced_layout(self, value: TensorValue, strides: Shape) -> None:
         """Lay out the buffer behind ``value`` with ``strides`` (what tracing saw) when they are
         dense and the buffer's layout is still free; otherwise leave it as it is."""
-        if not self.is_whole_free_buffer(value) or not is_dense(value.shape, strides):
+        if self.is_whole_free_buffer(value):
+            self.relayout(value, strides)
+
+    def relayout(self, value: TensorValue, strides: Shape) -> None:
+        """Lay out ``value``'s whole buffer with ``strides`` when they are dense; the caller
+        knows that no ATen call relied on its strides yet."""
+        if not is_dense(value.shape, strides):
             return
         buffer = self.graph.buffers[value.buffer]
         self.graph.buffers[value.buffer] = Buffer(buffer.name, buffer.shape, buffer.dtype, buffer.device,

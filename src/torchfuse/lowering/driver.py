@@ -16,7 +16,7 @@ from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph, GraphOutput, Po
 from torchfuse.ir.symbols import PyFloorDiv, PyMod
 from torchfuse.lowering import registry
 from torchfuse.lowering import rules  # noqa: F401  (importing it registers every rule)
-from torchfuse.lowering.context import LoweringContext, is_dense
+from torchfuse.lowering.context import LoweringContext
 from torchfuse.lowering.extern import lower_extern
 from torchfuse.lowering.values import TensorValue
 
@@ -121,11 +121,7 @@ def _adopt_eager_layout(ctx: LoweringContext, node: torch.fx.Node, result: Any, 
     made_here = any(n.name == result.buffer and isinstance(n, (Pointwise, Reduction)) for n in new)
     read_by_extern = any(isinstance(n, Extern) and result.buffer in n.reads() for n in new)
     if made_here and not read_by_extern and result.is_identity and result.shape == ctx.graph.buffers[result.buffer].shape:
-        strides = strides_of(meta)
-        if is_dense(result.shape, strides):
-            buffer = ctx.graph.buffers[result.buffer]
-            ctx.graph.buffers[result.buffer] = Buffer(buffer.name, buffer.shape, buffer.dtype, buffer.device,
-                                                      tuple(sympy.sympify(s) for s in strides))
+        ctx.relayout(result, strides_of(meta))
 
 
 def _touches_complex(node: torch.fx.Node) -> bool:

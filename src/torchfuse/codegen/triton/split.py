@@ -140,12 +140,17 @@ def leaf_reads(body: Expr, producers: dict[str, Pointwise]) -> tuple[list[Load],
             mapping = dict(zip(producer.vars, index))
             for inner in loads(producer.body):
                 if not inner.is_indirect:
-                    moved = tuple(simplify_index(sympy.sympify(e).xreplace(mapping)) for e in inner.index)
-                    deeper.setdefault((inner.buffer, moved), Load(inner.dtype, inner.buffer, moved))
+                    moved = _moved(inner, mapping)
+                    deeper.setdefault((moved.buffer, moved.index), moved)
         if not deeper or len(leaves) + len(deeper) > LEAF_LIMIT:
             break
         frontier = deeper
     return list(leaves.values()), passed
+
+
+def _moved(load: Load, mapping: dict) -> Load:
+    """``load`` (direct) with its index variables replaced by ``mapping``."""
+    return Load(load.dtype, load.buffer, tuple(simplify_index(sympy.sympify(e).xreplace(mapping)) for e in load.index))
 
 
 class _Memo:
@@ -172,8 +177,7 @@ def _siblings(node: Reduction, reductions: list[Reduction], reads: _Memo) -> lis
     for other in same_rows:
         if reads(node)[1] & reads(other)[1]:
             renames = dict(zip(other.vars, node.vars)) | dict(zip(other.reduction_vars, node.reduction_vars))
-            found.extend(Load(load.dtype, load.buffer, tuple(simplify_index(sympy.sympify(e).xreplace(renames))
-                                                             for e in load.index)) for load in reads(other)[0])
+            found.extend(_moved(load, renames) for load in reads(other)[0])
     return found
 
 
@@ -213,8 +217,9 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
     direct_outer = bool(r_vars) and orientation_votes(
         accesses_of([load for load in loads(node.body) if not load.is_indirect], buffers, r_vars),
         x_vars, r_vars[-1])[1] > 0
-    lanes = policy.outer_lanes if outer or direct_outer else 1
-    unsplit_programs = -(-outputs // (OUTER_MIN_XBLOCK if outer or direct_outer else 1))  # the fewest it may get
+    may_tile_outer = outer or direct_outer
+    lanes = policy.outer_lanes if may_tile_outer else 1
+    unsplit_programs = -(-outputs // (OUTER_MIN_XBLOCK if may_tile_outer else 1))  # the fewest it may get
     min_chunk = max(2, policy.min_program_elements // lanes)
     if unsplit_programs >= policy.min_programs or reduced < 2 * min_chunk:
         return None
