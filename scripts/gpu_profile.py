@@ -10,12 +10,17 @@ before anything is profiled).
 Per case and backend: wall ms per step, summed GPU kernel ms, wall/GPU, kernel launches, host ms
 to issue the step and host microseconds per launch; then torchfuse's top kernels. Prints a table
 and writes profile.json. torchfuse's launch counters say how many launches went straight to a
-compiled binary.
+compiled binary. With --host-profile N, N more steps of each backend run under cProfile
+(host_<case>_<backend>.txt: the functions by own time and by cumulative time), to see where
+the host time of a host-bound step goes.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import os
 import sys
 import traceback
@@ -49,6 +54,25 @@ def generated_split(rows: list) -> str:
     return "\n".join(lines)
 
 
+def host_profile(step, steps: int, path: Path) -> None:
+    """``steps`` calls of ``step`` under cProfile, written to ``path``: the top functions by own
+    time, then by cumulative time (cProfile slows Python calls, so read shares, not microseconds)."""
+    profiler = cProfile.Profile()
+    torch.cuda.synchronize()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    text.write(f"{steps} steps\n")
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(45)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.getvalue())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="", help="comma-separated model case names (default: all GPU models)")
@@ -56,6 +80,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=400, help="kernels kept per case and backend")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
+                        help="also run STEPS steps per backend under cProfile (host_<case>_<backend>.txt)")
     parser.add_argument("--out", default="out/profile")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -80,6 +106,8 @@ def main() -> int:
                 before = (launch.stats.direct, launch.stats.through_triton)
                 profile = profile_step(step, args.steps, top=args.top)
                 rows.append((case.name, backend, profile))
+                if args.host_profile:
+                    host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
                 if backend.startswith("torchfuse"):
                     direct = launch.stats.direct - before[0]
                     through = launch.stats.through_triton - before[1]

@@ -84,7 +84,20 @@ def test_identical_jobs_compile_once():
                                        {kernel.name: LAUNCH, other.name: LAUNCH}, target=H100)
     futures = {loader.future for _, (loader,) in ready.values()}
     assert len(futures) == 1 and compile_pool.stats.shared == shared + 1
-    assert pool.submit({"kind": "triton", "key": ready[kernel.name][1][0].key}) in futures
+    job = {"kind": "triton", "key": ready[kernel.name][1][0].key, "root": str(triton_ahead.binaries_root())}
+    assert pool.submit(job) in futures
+
+
+def test_a_new_cache_directory_gets_its_own_binary(tmp_path, monkeypatch):
+    """The cache directory changed within the process (a test, a user's setting): the same
+    kernel compiled again is written into the new directory, not answered by the old job."""
+    kernel, fn = _kernel(3.5)
+    first = _compile(kernel, fn)
+    monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert binary_cache.lookup(triton_ahead.binaries_root(), first.key) is None
+    second = _compile(kernel, fn)
+    assert second.key == first.key and second.future is not first.future
+    assert _load(second).kernel[:4] == b"\x7fELF"  # a cubin, in the new directory
 
 
 def test_a_corrupt_binary_is_rebuilt_not_loaded():

@@ -138,7 +138,8 @@ def training_step(model, x):
     """Output, input and parameter gradients of one step, and the running statistics after it."""
     x = x.detach().clone().requires_grad_()
     out = model(x)
-    (out.float() * torch.linspace(-1, 1, out.numel(), dtype=torch.float32).view(out.shape)).sum().backward()
+    weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float32, device=out.device).view(out.shape)
+    (out.float() * weights).sum().backward()
     grads = [x.grad] + [p.grad for p in model.parameters()]
     return [out, *grads, *[b.clone() for b in model.buffers() if b.is_floating_point()]]
 

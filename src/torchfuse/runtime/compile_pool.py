@@ -114,7 +114,7 @@ class CompilePool:
     def __init__(self, workers: int) -> None:
         self.size = workers
         self._jobs: queue.Queue[tuple[dict, Future] | None] = queue.Queue()
-        self._by_key: dict[str, Future] = {}
+        self._by_key: dict[tuple[str | None, str], Future] = {}
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
         self._closed = False
@@ -124,16 +124,19 @@ class CompilePool:
             threading.Thread(target=self._feed, args=(index,), name=f"torchfuse-compile-{index}", daemon=True).start()
 
     def submit(self, job: dict) -> Future:
-        """Compile ``job`` (a ``compile_worker`` job with a ``key``) in a worker; one future per key."""
+        """Compile ``job`` (a ``compile_worker`` job with a ``key``) in a worker; one future per key
+        and cache root (a job whose key was compiled into another root, before the cache directory
+        changed, still writes its binary where the caller will look)."""
+        identity = (job.get("root"), job["key"])
         with self._lock:
             if self._closed:
                 raise RuntimeError("the compile pool was shut down")
-            future = self._by_key.get(job["key"])
+            future = self._by_key.get(identity)
             if future is not None:
                 stats.shared += 1
                 return future
             future = Future()
-            self._by_key[job["key"]] = future
+            self._by_key[identity] = future
             stats.submitted += 1
         self._jobs.put((job, future))
         return future

@@ -117,6 +117,13 @@ def _abs(a: str, dt: torch.dtype) -> str:
     return a if dt == torch.bool else f"tl.abs({a})"
 
 
+def _truediv(a: str, b: str, dt: torch.dtype) -> str:
+    """IEEE division for float32, as eager's CUDA and C++ kernels divide: Triton's ``/`` is
+    ``div.full.f32`` (within 2 ulp), and a variance's ``s - (c / n) * c`` is exactly 0 for equal
+    values only when ``c / n`` is correctly rounded (on the H200 it left 1e-8 to 1e-23)."""
+    return f"tl.div_rn({a}, {b})" if dt == torch.float32 else f"({a} / {b})"
+
+
 # Ops rendered as Python operators; every other op is a function call, whose scalar
 # arguments the writer first makes tensors of the compute dtype (a float64 call must not
 # see a literal that Triton types as float32).
@@ -125,8 +132,13 @@ OPERATOR_OPS = frozenset(
     "bitwise_xor".split()
 )
 
+
+def is_operator(op: str, dtype: torch.dtype) -> bool:
+    """Whether ``op`` on ``dtype`` operands renders as a Python operator (float32 division is a call)."""
+    return op in OPERATOR_OPS and not (op in ("truediv", "reciprocal") and dtype == torch.float32)
+
 TRITON_OPS: dict[str, Callable[..., str]] = {
-    "add": _binary("+"), "sub": _binary("-"), "mul": _binary("*"), "truediv": _binary("/"),
+    "add": _binary("+"), "sub": _binary("-"), "mul": _binary("*"), "truediv": _truediv,
     "floordiv": _floordiv, "truncdiv": lambda a, b, dt: f"libdevice.trunc({a} / {b})" if dt.is_floating_point else f"({a} // {b})",
     "remainder": _remainder,
     "fmod": lambda a, b, dt: f"libdevice.fmod({a}, {b})" if dt.is_floating_point else f"({a} % {b})",
@@ -134,7 +146,7 @@ TRITON_OPS: dict[str, Callable[..., str]] = {
     "pow": _pow, "atan2": _call("libdevice.atan2"),
     "copysign": _call("libdevice.copysign"), "hypot": _call("libdevice.hypot"),
     "neg": lambda a, dt: f"(-{a})", "abs": _abs, "sign": _sign,
-    "reciprocal": lambda a, dt: f"(1.0 / {a})", "trunc": _call("libdevice.trunc"),
+    "reciprocal": lambda a, dt: _truediv("1.0", a, dt), "trunc": _call("libdevice.trunc"),
     "floor": _call("tl.floor"), "ceil": _call("tl.ceil"), "round": _call("libdevice.nearbyint"),
     "frac": lambda a, dt: f"({a} - libdevice.trunc({a}))",
     "exp": _call("tl.exp"), "exp2": _call("tl.exp2"), "expm1": _call("libdevice.expm1"),
