@@ -69,6 +69,7 @@ def host_profile(step, steps: int, path: Path) -> None:
     text.write(f"{steps} steps\n")
     stats.sort_stats("tottime").print_stats(45)
     stats.sort_stats("cumulative").print_stats(45)
+    stats.print_callees(r"_ops.py.*__call__|launch.py.*__call__")  # ATen externs, our launches
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text.getvalue())
 

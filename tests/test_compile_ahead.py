@@ -159,8 +159,11 @@ def test_a_worker_that_dies_fails_its_job_and_is_replaced():
     pool = compile_pool.get_pool()
     victim = pool.ping()[0]["pid"]
     os.kill(victim, signal.SIGKILL)
-    replies = [pool.submit({"kind": "ping", "key": f"after-kill-{i}"}).result(timeout=60) for i in range(4)]
-    assert any(not r["ok"] and "died" in r["error"] for r in replies) or all(r["ok"] for r in replies)
+    # One ping per worker (``ping``'s barrier): the victim's feeder learns of the death there.
+    # (Jobs sent one by one may all go to the live workers: the H200's 16 cores did that.)
+    replies = pool.ping()
+    failed = [r for r in replies if not r["ok"]]
+    assert len(failed) == 1 and "died" in failed[0]["error"], replies
     assert all(r["ok"] for r in pool.ping())  # every worker answers again
     assert victim not in {r["pid"] for r in pool.ping()}
 

@@ -25,8 +25,13 @@ CASES = {
     "copy_from_an_input": (lambda x, y: x.copy_(y).sum(), 0),
     # the graph returns the new value itself: aot_autograd rebuilds that output from the input
     "returns_the_mutated_input": (lambda x, y: x.add_(y), 0),
-    "running_statistic": (lambda x, y: (x.mul_(0.9).add_(y.mean(0, keepdim=True) * 0.1), y * 2)[1], 0),
+    # the new value is a per-row member of a reduction kernel, which alone reads x there
+    "running_statistic": (lambda x, y: (x.mul_(0.9).add_(y.mean(0, keepdim=True) * 0.1), y * 2)[1], 1),
+    # ... and a kernel-mate reads the old x too: it could run after the store, so not in place
+    "running_statistic_old_value_read": (lambda x, y: (x * y.sum(0, keepdim=True),
+                                                       x.mul_(0.9).add_(y.mean(0, keepdim=True) * 0.1))[0], 0),
 }
+ROW_STATISTICS = ("running_statistic", "running_statistic_old_value_read")
 
 
 def inputs(transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,12 +46,12 @@ def inputs(transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mutated_inputs_and_outputs_match_eager(name, transposed):
     fn, in_place = CASES[name]
-    if name == "running_statistic":
+    if name in ROW_STATISTICS:
         x_eager, y_eager = torch.randn(1, 9).to(DEVICE), inputs()[1]
     else:
         x_eager, y_eager = inputs(transposed)
     x_comp, y_comp = x_eager.clone(), y_eager.clone()
-    if transposed and name != "running_statistic":
+    if transposed and name not in ROW_STATISTICS:
         x_comp = x_eager.t().clone().t()  # same values, same (transposed) layout
     expected = fn(x_eager, y_eager)
     got = compile_strict(fn)(x_comp, y_comp)
@@ -55,6 +60,29 @@ def test_mutated_inputs_and_outputs_match_eager(name, transposed):
     torch.testing.assert_close(y_comp, y_eager)
     wrappers = "".join(g.wrapper_source for g in torchfuse.report().graphs)
     assert wrappers.count("written in place") == in_place, wrappers
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
+def test_batch_norm_running_statistics_are_written_by_their_kernel(channels_last):
+    """Batch norm's running mean and variance are stored by the kernel that computes the batch
+    statistics (no copy_ back into them after it: an ATen call and a launch each, per batch
+    norm and step), and after three training steps equal eager's."""
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.BatchNorm2d(5), torch.nn.ReLU()).to(DEVICE)
+    model = torch.nn.Sequential(torch.nn.BatchNorm2d(5), torch.nn.ReLU()).to(DEVICE)
+    model.load_state_dict(eager.state_dict())
+    compiled = compile_strict(model)
+    for step in range(3):
+        x = torch.randn(4, 5, 7, 3, generator=torch.Generator().manual_seed(step)) * (step + 1) + step
+        x = x.to(DEVICE, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        eager(x).sum().backward()
+        compiled(x.clone()).sum().backward()
+    for name, want in eager[0].state_dict().items():
+        torch.testing.assert_close(model[0].state_dict()[name], want, msg=name)
+    torch.testing.assert_close(model[0].weight.grad, eager[0].weight.grad)
+    wrappers = "".join(g.wrapper_source for g in torchfuse.report().graphs)
+    assert "aten.copy_" not in wrappers, wrappers
+    assert wrappers.count("written in place") == 3, wrappers  # the count of batches too
 
 
 def test_repeated_calls_keep_mutating_the_same_tensor():

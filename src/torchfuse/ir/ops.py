@@ -22,6 +22,10 @@ def _specs(group: str, arity: int, names: str) -> dict[str, OpSpec]:
 
 OPS: dict[str, OpSpec] = {
     **_specs("arith", 2, "add sub mul truediv floordiv truncdiv remainder fmod maximum minimum pow atan2 copysign hypot"),
+    # Division rounded to nearest (IEEE) on every target, where a target's plain ``truediv`` may
+    # be approximate (Triton's float32 ``/`` is within 2 ulp): for results that must be exact,
+    # e.g. a variance's correction term; elsewhere plain ``truediv`` (cheaper in loops).
+    **_specs("arith", 2, "div_rn"),
     **_specs("arith", 1, "neg abs sign reciprocal trunc floor ceil round frac"),
     **_specs(
         "math",

@@ -5,10 +5,12 @@ statistics) with ``copy_(input, new_value)``. Run as an ATen call, that copy rea
 the tensor once more after the kernel has written ``new_value`` to a temporary. When it is safe,
 the temporary *is* the input's memory and the copy disappears.
 
-Safe means: the new value comes from a pointwise kernel, with the input's exact layout; no item
-after that kernel reads the input (it would see the new value instead of the old); and inside the
-kernel every read of the input is of the element being written (renderers emit all of a
-pointwise kernel's loads before its stores, so each element is read before it is overwritten).
+Safe means: the new value comes from a pointwise kernel, or from a per-row member of a reduction
+kernel that alone reads the input there (``_loads_precede_the_store``), with the input's exact
+layout; no item after that kernel reads the input (it would see the new value instead of the
+old); and inside the kernel every read of the input is of the element being written (renderers
+emit all of a pointwise kernel's loads before its stores, so each element is read before it is
+overwritten).
 """
 from __future__ import annotations
 
@@ -61,12 +63,26 @@ def _in_place_source(item: ScheduledItem, items: list[ScheduledItem], reads: dic
            for out in item.node.outputs):
         return None  # the copy's result is read
     kernel, member = _writer(items, source.name)
-    if kernel is None or kernel.kind != "pointwise":
+    if kernel is None or not _loads_precede_the_store(kernel, member, target.name):
         return None
     later = items[items.index(kernel) + 1:]
     if any(target.name in reads[id(other)] for other in later if other is not item):
         return None
     return source.name if _reads_only_element(kernel, member, target.name) else None
+
+
+def _loads_precede_the_store(kernel: FusedKernel, writer: KernelMember, target: str) -> bool:
+    """Whether every load of ``target`` in ``kernel`` happens before ``writer`` stores over it.
+    A pointwise kernel loads everything before it stores. A reduction kernel computes its
+    per-row members after the reduction (batch norm's running statistics, in the epilogue of
+    its mean and variance): there the writer's own loads come before its store, but a kernel-mate
+    computed after it would read the new value, so only the writer may read ``target``."""
+    if kernel.kind == "pointwise":
+        return True
+    if kernel.kind != "reduction" or writer.role != "row":
+        return False
+    return not any(member is not writer and any(load.buffer == target for load in loads(member.body))
+                   for member in kernel.members)
 
 
 def _whole(arg: ExternArg, buffer: Buffer) -> bool:

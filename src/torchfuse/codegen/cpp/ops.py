@@ -145,7 +145,7 @@ def _rsqrt(a: str, dt: torch.dtype) -> str:
 # Integer division and remainder by zero would trap (SIGFPE) where ATen raises; they give 0.
 CPP_OPS: dict[str, Render] = {
     "add": _arith("+", "tf_wadd"), "sub": _arith("-", "tf_wsub"), "mul": _arith("*", "tf_wmul"),
-    "truediv": _binary("/"),
+    "truediv": _binary("/"), "div_rn": _binary("/"),  # C++ division is IEEE
     "floordiv": _int_or_float("tf_floordiv_float({0}, {1})", "tf_floordiv_int<{T}>({0}, {1})"),
     "truncdiv": _int_or_float("std::trunc({0} / {1})", "tf_truncdiv_int<{T}>({0}, {1})"),
     "remainder": _int_or_float("tf_remainder_float({0}, {1})", "tf_remainder_int<{T}>({0}, {1})"),

@@ -8,7 +8,7 @@ import sympy
 import torch
 
 from torchfuse.codegen.scope import CseWriter, Scope  # noqa: F401  (Scope re-exported)
-from torchfuse.codegen.triton.ops import TRITON_OPS, is_operator
+from torchfuse.codegen.triton.ops import OPERATOR_OPS, TRITON_OPS
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where, index_symbols
 from torchfuse.ir.graph import Buffer
@@ -90,11 +90,11 @@ class ExpressionWriter(CseWriter):
         if special is not None:
             return special
         args = [self.value(a, scope) for a in expr.args]
-        operand_dtype = compute_dtype(expr.args[0].dtype)
-        if not is_operator(expr.name, operand_dtype):
+        if expr.name not in OPERATOR_OPS:
             args = [Value(self.tensor(a, scope), True) for a in expr.args]
         elif not any(a.is_tensor for a in args):
             args[0] = Value(self.tensor(expr.args[0], scope), True)
+        operand_dtype = compute_dtype(expr.args[0].dtype)
         text = TRITON_OPS[expr.name](*[a.text for a in args], operand_dtype)
         return self._assign(text, True, scope)
 

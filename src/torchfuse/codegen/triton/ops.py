@@ -117,10 +117,11 @@ def _abs(a: str, dt: torch.dtype) -> str:
     return a if dt == torch.bool else f"tl.abs({a})"
 
 
-def _truediv(a: str, b: str, dt: torch.dtype) -> str:
-    """IEEE division for float32, as eager's CUDA and C++ kernels divide: Triton's ``/`` is
-    ``div.full.f32`` (within 2 ulp), and a variance's ``s - (c / n) * c`` is exactly 0 for equal
-    values only when ``c / n`` is correctly rounded (on the H200 it left 1e-8 to 1e-23)."""
+def _div_rn(a: str, b: str, dt: torch.dtype) -> str:
+    """IEEE division: Triton's float32 ``/`` is ``div.full.f32`` (within 2 ulp), and a variance's
+    ``s - (c / n) * c`` is exactly 0 for equal values only when ``c / n`` is correctly rounded
+    (with ``/`` the H200 left 1e-8 to 1e-23). Not for every division: ``div.rn`` is a dozen
+    instructions with a slow path, and made reductions that divide per element up to 2x slower."""
     return f"tl.div_rn({a}, {b})" if dt == torch.float32 else f"({a} / {b})"
 
 
@@ -132,13 +133,8 @@ OPERATOR_OPS = frozenset(
     "bitwise_xor".split()
 )
 
-
-def is_operator(op: str, dtype: torch.dtype) -> bool:
-    """Whether ``op`` on ``dtype`` operands renders as a Python operator (float32 division is a call)."""
-    return op in OPERATOR_OPS and not (op in ("truediv", "reciprocal") and dtype == torch.float32)
-
 TRITON_OPS: dict[str, Callable[..., str]] = {
-    "add": _binary("+"), "sub": _binary("-"), "mul": _binary("*"), "truediv": _truediv,
+    "add": _binary("+"), "sub": _binary("-"), "mul": _binary("*"), "truediv": _binary("/"), "div_rn": _div_rn,
     "floordiv": _floordiv, "truncdiv": lambda a, b, dt: f"libdevice.trunc({a} / {b})" if dt.is_floating_point else f"({a} // {b})",
     "remainder": _remainder,
     "fmod": lambda a, b, dt: f"libdevice.fmod({a}, {b})" if dt.is_floating_point else f"({a} % {b})",
@@ -146,7 +142,7 @@ TRITON_OPS: dict[str, Callable[..., str]] = {
     "pow": _pow, "atan2": _call("libdevice.atan2"),
     "copysign": _call("libdevice.copysign"), "hypot": _call("libdevice.hypot"),
     "neg": lambda a, dt: f"(-{a})", "abs": _abs, "sign": _sign,
-    "reciprocal": lambda a, dt: _truediv("1.0", a, dt), "trunc": _call("libdevice.trunc"),
+    "reciprocal": lambda a, dt: f"(1.0 / {a})", "trunc": _call("libdevice.trunc"),
     "floor": _call("tl.floor"), "ceil": _call("tl.ceil"), "round": _call("libdevice.nearbyint"),
     "frac": lambda a, dt: f"({a} - libdevice.trunc({a}))",
     "exp": _call("tl.exp"), "exp2": _call("tl.exp2"), "expm1": _call("libdevice.expm1"),

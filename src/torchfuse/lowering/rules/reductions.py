@@ -193,14 +193,15 @@ def _mean_and_var(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], c
     n = operand(count, (), (), compute)
 
     def mean(idx: tuple) -> Expr:
-        return Op(compute, "add", (rough_mean.load(idx), Op(compute, "truediv", (drift.load(idx), n))))
+        return Op(compute, "add", (rough_mean.load(idx), Op(compute, "div_rn", (drift.load(idx), n))))
 
     def corrected_squares(idx: tuple) -> Expr:
         c = drift.load(idx)
         # (c / n) * c, not c * c / n: for equal values (d = x - m a few ulps of x, so few bits)
         # c = n * d and s = n * d * d are exact, c / n is d and d * c is s: the difference is
         # exactly 0 while n * d * d fits the mantissa. c * c itself (n * n * d * d) rounds sooner.
-        centred = Op(compute, "sub", (squares.load(idx), Op(compute, "mul", (Op(compute, "truediv", (c, n)), c))))
+        # c / n must be correctly rounded for that (div_rn: Triton's float32 / is approximate).
+        centred = Op(compute, "sub", (squares.load(idx), Op(compute, "mul", (Op(compute, "div_rn", (c, n)), c))))
         return Op(compute, "maximum", (centred, Const(compute, 0.0)))  # >= 0 exactly, not by an ulp
 
     mean_kept = ctx.pointwise(rough_mean.shape, compute, x.device, mean)
