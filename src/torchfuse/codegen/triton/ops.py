@@ -118,10 +118,11 @@ def _abs(a: str, dt: torch.dtype) -> str:
 
 
 def _div_rn(a: str, b: str, dt: torch.dtype) -> str:
-    """IEEE division: Triton's float32 ``/`` is ``div.full.f32`` (within 2 ulp), and a variance's
-    ``s - (c / n) * c`` is exactly 0 for equal values only when ``c / n`` is correctly rounded
-    (with ``/`` the H200 left 1e-8 to 1e-23). Not for every division: ``div.rn`` is a dozen
-    instructions with a slow path, and made reductions that divide per element up to 2x slower."""
+    """IEEE division, never fused with what uses it: Triton's float32 ``/`` is approximate and its
+    product may fuse into the next subtraction (an FMA). A variance's mean and correction need
+    rounded quotients (lowering/rules/reductions.py); with ``/`` the H200 left 1e-8 to 1e-30 for
+    equal values. Not for every division: ``div.rn`` is a dozen instructions with a slow path,
+    and made reductions that divide per element up to 2x slower."""
     return f"tl.div_rn({a}, {b})" if dt == torch.float32 else f"({a} / {b})"
 
 

@@ -419,7 +419,8 @@ def _chunk_means(group: _Centered, total_part: Reduction, graph: Graph) -> Point
     part_vars = index_vars(len(shape))
     chunk_var = part_vars[0] if plan.outer else part_vars[-1]
     count = _chunk_count(plan, _numel(group.total.reduction_ranges), chunk_var, dtype)
-    body = Op(dtype, "truediv", (Load(total_part.dtype, total_part.name, part_vars), count))
+    # div_rn: a rounded m_s, as the unsplit rough mean (lowering/rules/reductions.py says why)
+    body = Op(dtype, "div_rn", (Load(total_part.dtype, total_part.name, part_vars), count))
     name = f"{group.mean.name}_part"
     graph.buffers[name] = Buffer.contiguous(name, shape, dtype, group.mean.device)
     return Pointwise(name, shape, dtype, group.mean.device, body, group.mean.origin)

@@ -155,12 +155,13 @@ def mean(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dims: Any = 
     return _divide(ctx, total, _count(x, axes), out_dtype)
 
 
-def _divide(ctx: LoweringContext, value: TensorValue, count: sympy.Expr, dtype: torch.dtype) -> TensorValue:
+def _divide(ctx: LoweringContext, value: TensorValue, count: sympy.Expr, dtype: torch.dtype,
+            op: str = "truediv") -> TensorValue:
     """``value / count`` as a ``dtype`` result, divided in opmath (a half count may not be exact)."""
     compute = opmath(dtype)
 
     def fn(v: Expr) -> Expr:
-        return Op(compute, "truediv", (v, operand(count, (), (), compute)))
+        return Op(compute, op, (v, operand(count, (), (), compute)))
 
     return _elementwise(ctx, value, dtype, fn, compute)
 
@@ -178,7 +179,11 @@ def _mean_and_var(ctx: LoweringContext, x: TensorValue, axes: tuple[int, ...], c
     count = _count(x, axes)
     compute = opmath(dtype)
     total = reduce(ctx, x, axes, True, "sum", compute)
-    rough_mean = _divide(ctx, total, count, compute)
+    # div_rn: a rounded mean m, so that x - m is exact for equal values. With Triton's float32
+    # division the H200 gave variances of 1e-8 to 1e-30 there, with div_rn exactly 0; most
+    # likely the subtraction fused with the division's product (x - total * (1/n) as one FMA),
+    # so d kept the product's extra bits and d * d rounded. (Triton's interpreter divides exactly.)
+    rough_mean = _divide(ctx, total, count, compute, "div_rn")
 
     def deviation(idx: tuple) -> Expr:
         mean_index = tuple(sympy.Integer(0) if d in axes else idx[d] for d in range(x.rank))
