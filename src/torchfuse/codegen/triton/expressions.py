@@ -47,6 +47,8 @@ class ExpressionWriter(CseWriter):
         self.mask_for = mask_for
         self.resolve_load = resolve_load
         self.unit_shape = unit_shape
+        # Whether a buffer is a register of the kernel (set by reduction kernels, for hoisting).
+        self.is_register: Callable[[str], bool] = lambda name: False
         super().__init__()
 
     def tensor(self, expr: Expr, scope: Scope) -> str:
@@ -56,6 +58,18 @@ class ExpressionWriter(CseWriter):
             return value.text
         dtype = tl_dtype(compute_dtype(expr.dtype))
         return f"tl.full({self.unit_shape}, {value.text}, {dtype})"
+
+    def hoistable(self, expr: Expr) -> bool:
+        return isinstance(expr, (Op, Cast, Where))
+
+    def invariant_leaf(self, expr: Expr) -> bool:
+        """A load of a register (a reduction's result, computed before the loop). Not a memory
+        load at the row's index: a loop that runs no time (an empty row) never made it, and
+        before the loop it would read an empty tensor's memory."""
+        return isinstance(expr, Load) and self.is_register(expr.buffer)
+
+    def is_computed(self, value: Value) -> bool:
+        return value.is_tensor
 
     def _emit(self, expr: Expr, scope: Scope) -> Value:
         if isinstance(expr, Const):

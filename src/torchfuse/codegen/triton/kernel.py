@@ -114,6 +114,7 @@ class KernelRenderer:
         two_d = self.is_reduction or self.tile2d is not None
         self.writer = ExpressionWriter(buffers, self._pointer, self._mask, self._resolve_load,
                                        "[1, 1]" if two_d else "[1]")
+        self.writer.is_register = lambda name: name in self.registers
 
     @staticmethod
     def _store_offset(kernel: FusedKernel, buffers: dict[str, Buffer]) -> sympy.Expr | None:
@@ -263,7 +264,7 @@ class KernelRenderer:
 
     def _open_r_loop(self, top: Scope) -> Scope:
         top.emit("for roffset in range(0, rnumel, RBLOCK):")
-        loop = Scope(top.lines, top.indent + "    ", parent=top)
+        loop = Scope(top.lines, top.indent + "    ", parent=top, header=len(top.lines) - 1)
         loop.emit(f"rindex = roffset + tl.arange(0, RBLOCK){self._axis_suffix('r')}")
         loop.emit("rmask = rindex < rnumel")
         return loop
