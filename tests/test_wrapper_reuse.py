@@ -37,3 +37,24 @@ def test_partials_of_the_same_shape_are_reused_without_a_view():
     reuses = _reuses()
     assert len(reuses) >= 2 and not any(".view(" in line for line in reuses), reuses
 
+
+
+def _overwrites() -> list[str]:
+    return [line.strip() for g in torchfuse.report().graphs for line in g.wrapper_source.splitlines()
+            if "overwrites the dead buffer" in line]
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["same_element", "transposed"])
+def test_a_triton_kernel_overwrites_a_dead_buffer_it_reads_element_by_element(transposed):
+    """The last reader of an intermediate writes its result over it when it reads each element
+    exactly where it stores (``TritonKernel.in_place``); a transposed read must not (a program
+    would overwrite elements another program has yet to read)."""
+    def fn(x, w):
+        a = torch.sin(x) * 3
+        m = a @ w  # a is stored: the matmul reads it, then the last kernel
+        return ((a.t() if transposed else a) + m).cos()
+
+    torchfuse.reset()
+    x, w = floats((40, 40), torch.float32, specials=[], seed=13), floats((40, 40), torch.float32, specials=[], seed=14)
+    check_outputs(fn, x, w, compiled=compile_strict(fn, options={"target": "triton"}), scale_tol=True)
+    assert len(_overwrites()) == (0 if transposed else 1), _overwrites()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sympy
 
-from torchfuse.ir.symbols import linear_coefficients
+from torchfuse.ir.graph import Buffer
+from torchfuse.ir.symbols import contiguous_strides, linear_coefficients
 
 
 def store_order(variables: list, sizes: list, store_expr: sympy.Expr | None) -> tuple[list, list]:
@@ -25,3 +26,15 @@ def store_order(variables: list, sizes: list, store_expr: sympy.Expr | None) -> 
         return variables, sizes
     order = sorted(range(len(variables)), key=lambda i: -int(coeffs[0][i]))  # stable for ties
     return [variables[i] for i in order], [sizes[i] for i in order]
+
+
+def same_storage_layout(source: Buffer, target: Buffer) -> bool:
+    """Whether each offset holds the same element in both (a kernel may then write ``target``
+    over ``source`` element by element): one layout, or both dense and row-major over as many
+    elements (a matmul's [B*T, H] output feeding a [B, T, H] GELU)."""
+    if source.dtype != target.dtype or sympy.sympify(source.offset) != 0 or sympy.sympify(target.offset) != 0:
+        return False
+    if tuple(source.shape) == tuple(target.shape) and tuple(source.strides) == tuple(target.strides):
+        return True
+    dense = all(tuple(b.strides) == tuple(contiguous_strides(b.shape)) for b in (source, target))
+    return dense and sympy.simplify(sympy.sympify(source.numel) - sympy.sympify(target.numel)) == 0

@@ -211,8 +211,8 @@ class WrapperWriter:
         self.allocated_here.add(node.name)
 
     def _in_place_source(self, compiled, name: str, step: int, last_use: dict[str, int]) -> str | None:
-        """A dead input the kernel may overwrite to produce ``name`` (C++ kernels only): one
-        the renderer allows (``CppKernel.in_place``), read for the last time here, and ours:
+        """A dead input the kernel may overwrite to produce ``name``: one the renderer allows
+        (``CppKernel.in_place``, ``TritonKernel.in_place``), read for the last time here, and ours:
         allocated by this wrapper or returned by an ATen op that aliases none of its inputs;
         never a graph input, output or constant."""
         keep = self.graph.output_names() | {b.name for b in self.graph.inputs} | set(self.graph.constants)

@@ -31,9 +31,10 @@ from torchfuse.codegen.cpp.loops import PARALLEL_GRAIN, Loop, LoopPlan, plan_loo
 from torchfuse.codegen.cpp.prelude import PRELUDE, erf_definition
 from torchfuse.codegen.cpp.printer import compute_dtype, storage_type, value_type
 from torchfuse.codegen.cpp.scatter import destination_offset
+from torchfuse.codegen.layout import same_storage_layout
 from torchfuse.ir.expr import Expr, IndexValue, Load, substitute_index, transform, walk
 from torchfuse.ir.graph import Buffer, Reduction
-from torchfuse.ir.symbols import contiguous_strides, product, simplify_index
+from torchfuse.ir.symbols import product, simplify_index
 from torchfuse.scheduler.kernel import FusedKernel, KernelMember
 
 # Calls that make a loop compute-bound (see _finish).
@@ -249,19 +250,8 @@ class CppKernelRenderer:
                 key = "indirect" if node.is_indirect else simplify_index(self.load_offset(node))
                 offsets.setdefault(node.buffer, set()).add(key)
         found = [name for name, seen in offsets.items()
-                 if seen == {where} and _same_storage_layout(self.buffers[name], target)]
+                 if seen == {where} and same_storage_layout(self.buffers[name], target)]
         return {member.node.name: found} if found else {}
-
-
-def _same_storage_layout(source: Buffer, target: Buffer) -> bool:
-    """Whether each offset holds the same element in both: one layout, or both dense and
-    row-major over as many elements (a matmul's [B*T, H] output feeding a [B, T, H] GELU)."""
-    if source.dtype != target.dtype or sympy.sympify(source.offset) != 0 or sympy.sympify(target.offset) != 0:
-        return False
-    if tuple(source.shape) == tuple(target.shape) and tuple(source.strides) == tuple(target.strides):
-        return True
-    dense = all(tuple(b.strides) == tuple(contiguous_strides(b.shape)) for b in (source, target))
-    return dense and sympy.simplify(sympy.sympify(source.numel) - sympy.sympify(target.numel)) == 0
 
 
 def render_kernel(kernel: FusedKernel, buffers: dict[str, Buffer], avx512: bool = False) -> CppKernel:
