@@ -85,7 +85,7 @@ class CseWriter:
         while block is not None:
             chain.append(block)
             block = block.parent
-        if self.invariant_leaf(expr):  # e.g. a row's value in a loop over the row: the outermost
+        if self.invariant_leaf(expr):  # the first scope without a header: outside every loop
             outermost = next((i for i, block in enumerate(chain) if block.header is None), len(chain) - 1)
             return chain[outermost]
         if not self.hoistable(expr):
@@ -114,7 +114,7 @@ class CseWriter:
             home._insert_at, home._moved = None, ()
 
     def invariant_leaf(self, expr) -> bool:  # pragma: no cover - renderers that hoist override it
-        """Whether ``expr`` reads nothing a loop changes (a load at the row's index)."""
+        """Whether ``expr`` is a value computed before any loop (a reduction's register)."""
         return False
 
     def hoistable(self, expr) -> bool:  # pragma: no cover - renderers that hoist override it
