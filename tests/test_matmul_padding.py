@@ -65,3 +65,61 @@ def test_odd_width_matmul_on_the_gpu_matches_eager_with_eager_strides():
     # The pad is one of our kernels (a copy of the weight with zero rows), not an ATen call.
     assert any("constant_pad_nd" in " ".join(k.ops) and k.kind != "extern"
                for g in torchfuse.report().graphs for k in g.kernels)
+
+
+def test_an_inference_result_only_returned_keeps_the_padded_stride():
+    """No copy of a result the graph only returns (the copy doubled GPT-2's logits at the peak):
+    eager's values and shape, a row stride of the padded width."""
+    gm = _traced_for_cuda(lambda a, w: torch.mm(a, w.t()), (4096, 768), (50257, 768))
+    assert pad_unaligned_matmuls(gm, padded_outputs=True) == 1
+    assert not any(n.target is aten.clone.default for n in gm.graph.nodes)
+    gen = torch.Generator().manual_seed(1)
+    a, w = (torch.randn(shape, generator=gen).bfloat16() for shape in ((64, 768), (50257, 768)))
+    got, want = gm(a, w), a @ w.t()
+    assert got.shape == want.shape and got.stride() == (50264, 1)
+    assert torch.equal(got, want)
+
+
+def test_a_result_also_read_in_the_graph_or_from_a_forward_graph_keeps_eager_layout():
+    def returned_and_used(a, w):
+        logits = torch.mm(a, w.t())
+        return logits, logits.float().logsumexp(1)
+
+    for fn, padded_outputs in ((returned_and_used, True), (lambda a, w: torch.mm(a, w.t()), False)):
+        gm = _traced_for_cuda(fn, (4096, 768), (50257, 768))
+        assert pad_unaligned_matmuls(gm, padded_outputs=padded_outputs) == 1
+        assert any(n.target is aten.clone.default for n in gm.graph.nodes)
+
+
+@pytest.mark.gpu
+def test_gpt2_like_logits_are_held_once_at_the_peak():
+    """An LM head's logits returned from an inference graph: one result at the peak, not two.
+    The padded copy of the weight (77 MB at GPT-2's size) is still alive during the matmul:
+    the peak is eager's plus that copy, not yet eager's (an ``out=`` matmul into a padded-stride
+    result would need no padded weight; unmeasured)."""
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randn(2048, 768, generator=gen).to("cuda", torch.bfloat16)
+    w = torch.randn(50257, 768, generator=gen).to("cuda", torch.bfloat16)
+
+    def head(a, w):
+        return torch.nn.functional.linear(torch.nn.functional.gelu(a), w)
+
+    def peak(fn):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        with torch.no_grad():
+            out = fn(a, w)
+        torch.cuda.synchronize()
+        return out, torch.cuda.max_memory_allocated() - before
+
+    compiled = compile_strict(head)
+    with torch.no_grad():
+        compiled(a, w)  # compile outside the measured call
+    want, eager_peak = peak(head)
+    del want
+    got, compiled_peak = peak(compiled)
+    torch.testing.assert_close(got, head(a, w))
+    assert got.stride() == (50264, 1)
+    padded_weight = 50264 * 768 * 2
+    assert compiled_peak <= eager_peak + padded_weight + (1 << 20), (compiled_peak, eager_peak)

@@ -308,7 +308,8 @@ def stage_aten(state: CompileState) -> None:
 
 
 def stage_lower(state: CompileState) -> None:
-    pad_unaligned_matmuls(state.gm)  # CUDA 16-bit matmuls only
+    # CUDA 16-bit matmuls only; an inference graph returns a padded result without copying it
+    pad_unaligned_matmuls(state.gm, padded_outputs=state.report.kind == "inference")
     if state.target == "cpp":  # measured on CPUs only so far (see docs/decisions.md)
         split_bias_into_pointwise_users(state.gm)
         if state.report.kind == "inference":  # a forward graph's saved tensors keep their layouts

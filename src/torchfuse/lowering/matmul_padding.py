@@ -9,8 +9,17 @@ where Inductor, which pads such matmuls too, took 0.45 ms.
 padded operand give zero columns we never read, and the copy gives the result eager's layout.
 Pointwise readers inline that copy (they read the wide result through its strides); only a
 graph output or an ATen call pays it as a kernel. ``addmm`` pads its bias the same way.
+
+In an inference graph, a result that only the graph returns keeps the padded row stride (the
+view ``[:, :n]``, no copy): the copy would hold a second result as large as the first at the
+peak (GPT-2's logits: 412 MB twice, 929 MB peak against eager's 543 MB). The caller gets eager's
+values and shape with a row stride a few elements longer; ``view``, slicing and reductions work
+on it as on eager's, and ``is_contiguous()`` is False. A forward graph's outputs keep eager's
+layout: its backward was compiled for the traced strides of what it saves.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -23,9 +32,10 @@ ALIGN_BYTES = 16
 MIN_MULTIPLY_ADDS = 1 << 26
 
 
-def pad_unaligned_matmuls(gm: torch.fx.GraphModule) -> int:
-    """Rewrite every eligible matmul in place; returns how many were rewritten."""
-    return rewrite_eligible(gm, _padded_width, _rewrite)
+def pad_unaligned_matmuls(gm: torch.fx.GraphModule, padded_outputs: bool = False) -> int:
+    """Rewrite every eligible matmul in place; returns how many were rewritten. With
+    ``padded_outputs`` (inference graphs), a result only returned keeps the padded stride."""
+    return rewrite_eligible(gm, _padded_width, functools.partial(_rewrite, padded_outputs=padded_outputs))
 
 
 def _padded_width(node: torch.fx.Node) -> int | None:
@@ -46,19 +56,22 @@ def _padded_width(node: torch.fx.Node) -> int | None:
     return -(-n // per_row) * per_row
 
 
-def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, padded_outputs: bool = False) -> None:
     width = _padded_width(node)
     n = node.meta["val"].shape[1]
+    only_returned = all(user.op == "output" for user in node.users)
     with graph.inserting_before(node):
         padded_args = [_pad_columns(graph, arg, width - n) if i != len(node.args) - 2 else arg
                        for i, arg in enumerate(node.args)]
         wide = graph.call_function(node.target, tuple(padded_args), dict(node.kwargs))
         narrow = graph.call_function(aten.slice.Tensor, (wide, 1, 0, n))
-        result = graph.call_function(aten.clone.default, (narrow,), {"memory_format": torch.contiguous_format})
+        added = [wide, narrow]
+        if not (padded_outputs and only_returned):
+            added.append(graph.call_function(aten.clone.default, (narrow,), {"memory_format": torch.contiguous_format}))
     with node.meta["val"].fake_mode:
-        for new in (wide, narrow, result):
+        for new in added:
             _trace(new)
-    node.replace_all_uses_with(result)
+    node.replace_all_uses_with(added[-1])
     graph.erase_node(node)
 
 
