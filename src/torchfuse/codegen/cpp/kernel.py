@@ -31,7 +31,7 @@ from torchfuse.codegen.cpp.loops import PARALLEL_GRAIN, Loop, LoopPlan, plan_loo
 from torchfuse.codegen.cpp.prelude import PRELUDE, erf_definition
 from torchfuse.codegen.cpp.printer import compute_dtype, storage_type, value_type
 from torchfuse.codegen.cpp.scatter import destination_offset
-from torchfuse.codegen.layout import same_storage_layout
+from torchfuse.codegen.layout import overwritable_inputs
 from torchfuse.ir.expr import Expr, IndexValue, Load, substitute_index, transform, walk
 from torchfuse.ir.graph import Buffer, Reduction
 from torchfuse.ir.symbols import product, simplify_index
@@ -229,29 +229,8 @@ class CppKernelRenderer:
                          self.kernel.kind, strategy, self.kernel.origins, self.in_place_candidates())
 
     def in_place_candidates(self) -> dict[str, list[str]]:
-        """Inputs a pointwise kernel's single stored member may overwrite, element by element.
-
-        An input qualifies when every load of it reads exactly the element the member
-        stores at the same point (same offset, dtype and layout): each element is then read
-        before it is written, by the same iteration. Whether the input is dead after this
-        kernel (and ours to overwrite) is the wrapper's call. Writing over a just-read input
-        saves an allocation and writes to cache lines the kernel already holds (a GELU after
-        a matmul measured faster than eager's out-of-place one only this way).
-        """
-        stored = [m for m in self.kernel.members if m.stored]
-        if self.kernel.kind != "pointwise" or len(stored) != 1:
-            return {}
-        member = stored[0]
-        target = self.buffers[member.node.name]
-        where = simplify_index(self.store_offset(member, {}))
-        offsets: dict[str, set] = {}
-        for node in walk(self.inlined(member.body)):
-            if isinstance(node, Load) and node.buffer not in self.members:
-                key = "indirect" if node.is_indirect else simplify_index(self.load_offset(node))
-                offsets.setdefault(node.buffer, set()).add(key)
-        found = [name for name, seen in offsets.items()
-                 if seen == {where} and same_storage_layout(self.buffers[name], target)]
-        return {member.node.name: found} if found else {}
+        """Inputs the kernel's single stored member may overwrite (``layout.overwritable_inputs``)."""
+        return overwritable_inputs(self.kernel, self.buffers)
 
 
 def render_kernel(kernel: FusedKernel, buffers: dict[str, Buffer], avx512: bool = False) -> CppKernel:

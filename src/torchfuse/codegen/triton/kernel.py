@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from torchfuse.codegen.layout import same_storage_layout, store_order
+from torchfuse.codegen.layout import overwritable_inputs, store_order
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
@@ -370,42 +370,6 @@ class KernelRenderer:
                             scalar_args, self.kernel.device.type, function,
                             self.outer, self.tile2d.numels if self.tile2d is not None else None,
                             overwritable_inputs(self.kernel, self.buffers))
-
-
-_INLINE_LIMIT = 64  # kernel-mate bodies followed when looking for an input's loads
-
-
-def overwritable_inputs(kernel: FusedKernel, buffers: dict[str, Buffer]) -> dict[str, list[str]]:
-    """Inputs a pointwise kernel's single stored member may overwrite: every load of the input
-    (through the kernel-mates it recomputes) reads exactly the element stored at the same point,
-    in the same layout. Each program then loads an element before it stores over it (a
-    pointwise kernel's loads are all emitted before its stores), and no other program touches
-    it. Saves an allocation a kernel (host time) and the memory of a buffer (peak memory)."""
-    stored = [m for m in kernel.members if m.stored]
-    if kernel.kind != "pointwise" or len(stored) != 1:
-        return {}
-    member = stored[0]
-    target = buffers[member.node.name]
-    where = simplify_index(target.flat_offset(tuple(member.var_map.get(v, v) for v in member.node.vars)))
-    members = {m.node.name: m for m in kernel.members}
-    offsets: dict[str, set] = {}
-    pending, followed = [member.body], 0
-    while pending:
-        for load in loads(pending.pop()):
-            if load.buffer in members:
-                followed += 1
-                if followed > _INLINE_LIMIT or load.is_indirect:
-                    return {}
-                pending.append(members[load.buffer].body_at(load.index))
-                continue
-            buffer = buffers.get(load.buffer)
-            if buffer is None or load.is_indirect:
-                offsets.setdefault(load.buffer, set()).add("indirect")
-            else:
-                offsets.setdefault(load.buffer, set()).add(simplify_index(buffer.flat_offset(load.index)))
-    found = [name for name, seen in offsets.items()
-             if name != target.name and seen == {where} and same_storage_layout(buffers[name], target)]
-    return {member.node.name: found} if found else {}
 
 
 def canonical_function_name(kind: str, signature_and_body: str) -> str:
