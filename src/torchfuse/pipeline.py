@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_leaves
 
 import torchfuse.scheduler.schedule as scheduling  # a module, so a test can replace its schedule()
 from torchfuse.codegen.cpp.kernel import CppKernel
+from torchfuse.codegen.triton import combo
 from torchfuse.codegen.triton.kernel import TritonKernel
 from torchfuse.codegen.triton.kernel import render_kernel as render_triton_kernel
 from torchfuse.codegen.triton.split import split_reductions
@@ -53,6 +54,11 @@ class CompileState:
     call: Callable | None = None
     predictions: dict = field(default_factory=dict)  # GPU kernel name -> PredictedLaunch | Unpredicted
     ahead: dict = field(default_factory=dict)  # GPU kernel name -> (PredictedLaunch, loader): compiling
+
+    def launched_kernels(self) -> dict:
+        """The rendered kernels the wrapper launches: a combined launch's parts run inside it."""
+        parts = {name for names in getattr(self.plan, "launch_groups", {}).values() for name in names}
+        return {name: kernel for name, kernel in self.kernels.items() if name not in parts}
 
 
 def choose_target(example_inputs: list[Any], options: Options, gm: torch.fx.GraphModule | None = None) -> str:
@@ -214,12 +220,13 @@ def _cache_entry(state: CompileState) -> graph_cache.GraphEntry:
     constant_targets = {n.name: str(n.target) for n in state.gm.graph.nodes
                         if n.op == "get_attr" and n.name in state.graph.constants}
     report = copy.deepcopy(state.report)
-    return graph_cache.GraphEntry(report.wrapper_source, dict(state.wrapper_constants), dict(state.kernels),
+    return graph_cache.GraphEntry(report.wrapper_source, dict(state.wrapper_constants), state.launched_kernels(),
                                   constant_targets, report, dict(state.predictions))
 
 
 # What a cache hit takes from the stored report: everything the stages would have written.
-RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "fallback_reasons", "device_notes", "split_reductions", "ir_text",
+RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "fallback_reasons", "device_notes", "split_reductions",
+                          "combined_launches", "ir_text",
                           "wrapper_source", "input_buffers", "output_buffers", "eager_bytes")  # not binaries: _restore fills it
 
 
@@ -382,11 +389,24 @@ def stage_kernels(state: CompileState) -> None:
         by_name[kernel.name].source = kernel_cache.module_source(rendered.source)
         for scalar in rendered.scalar_args:
             state.report.device_notes.append(f"{kernel.name} receives {scalar} (a 0-d CPU tensor) by value, as eager does")
-    state.launchers.update(_load_launchers({n: k for n, k in state.kernels.items() if n not in state.launchers},
+    _combine_launches(state)
+    launched = state.launched_kernels()
+    state.launchers.update(_load_launchers({n: k for n, k in launched.items() if n not in state.launchers},
                                            state.report.name))
     if on_gpu:
-        state.predictions = predict_launches(state.graph, state.plan, state.kernels, state.example_inputs)
+        state.predictions = predict_launches(state.graph, state.plan, launched, state.example_inputs)
         _compile_ahead(state)
+
+
+def _combine_launches(state: CompileState) -> None:
+    """Small independent pointwise kernels run as one launch (codegen/triton/combo.py), unless
+    ``TORCHFUSE_COMBINE_LAUNCHES=0``; the report lists each combined launch's kernels."""
+    if os.environ.get("TORCHFUSE_COMBINE_LAUNCHES", "1") == "0":
+        return
+    items, groups, combined = combo.combine_launches(state.plan.items, state.kernels, state.plan.in_place)
+    state.plan.items, state.plan.launch_groups = items, groups
+    state.kernels.update(combined)
+    state.report.combined_launches = {name: list(parts) for name, parts in groups.items()}
 
 
 def _compile_ahead(state: CompileState) -> None:

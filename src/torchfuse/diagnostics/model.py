@@ -114,6 +114,9 @@ class GraphReport:
     device_notes: list[str] = field(default_factory=list)
     # Reductions run in two stages because one kernel would leave the GPU idle (Triton).
     split_reductions: list[str] = field(default_factory=list)
+    # Launches that run several small independent pointwise kernels (codegen/triton/combo.py):
+    # the combined kernel's name -> the kernels it runs.
+    combined_launches: dict[str, list[str]] = field(default_factory=dict)
     error: str | None = None  # set when compiling failed and the graph runs with ATen
     stage_seconds: dict[str, float] = field(default_factory=dict)
     aten_ops: list[str] = field(default_factory=list)  # ops of the input graph, in order
@@ -177,6 +180,8 @@ class GraphReport:
         lines += _autotune_lines(self.autotune)
         for note in self.split_reductions:
             lines.append(f"  split: {note}")
+        for launch, parts in self.combined_launches.items():
+            lines.append(f"  one launch ({launch}): {', '.join(parts)}")
         if self.stage_seconds:
             times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.stage_seconds.items())
             lines.append(f"  compile time: {times}")

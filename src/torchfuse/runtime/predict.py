@@ -82,6 +82,7 @@ def _predict(kernel: TritonKernel, graph: Graph, alignment: dict[str, bool]) -> 
             args.append(0.5)  # any float: Triton passes every Python float as fp32, unspecialized
         else:
             return Unpredicted(f"integer CPU scalar {name}: Triton specializes on its value (1, multiple of 16)")
+    args += kernel.int_args
     return PredictedLaunch(int(xnumel), int(rnumel), tuple(args))
 
 

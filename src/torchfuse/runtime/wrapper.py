@@ -69,8 +69,13 @@ class WrapperWriter:
         self._preamble_end = len(self.lines)  # where the CUDA allocator's choice goes (write's end)
         last_use = self._last_uses()
         self.read_later = set(last_use) | self.graph.output_names()
+        group_of = {part: name for name, parts in self.plan.launch_groups.items() for part in parts}
         for step, item in enumerate(self.plan.items):
-            if isinstance(item, FusedKernel):
+            if isinstance(item, FusedKernel) and item.name in group_of:
+                # A combined launch runs at its first part; the later parts are in it.
+                if self.plan.launch_groups[group_of[item.name]][0] == item.name:
+                    self._emit_combined(group_of[item.name], step)
+            elif isinstance(item, FusedKernel):
                 self._emit_kernel(item, step, last_use)
             else:
                 self._emit_extern(item.node)
@@ -161,6 +166,20 @@ class WrapperWriter:
         return name
 
     # -- kernels and externs ---------------------------------------------------------------
+    def _emit_combined(self, name: str, step: int) -> None:
+        """One launch of a group's kernels (codegen/triton/combo.py). Their results get buffers
+        of their own: a part overwriting a dead input could race with another part reading it."""
+        parts = self.plan.items[step:step + len(self.plan.launch_groups[name])]
+        assert [p.name for p in parts] == list(self.plan.launch_groups[name]), "a group's parts must be consecutive"
+        for part in parts:
+            for member in part.members:
+                if member.stored:
+                    self._allocate(self.graph.buffers[member.node.name])
+        compiled = self.kernels[name]
+        self.emit(f"# {name}: one launch of {', '.join(p.name for p in parts)}")
+        args = ", ".join([*compiled.pointer_args, *map(str, compiled.int_args)])
+        self.emit(f"{self._const(compiled, 'kernel')}({py(compiled.xnumel)}, 0, {args})")
+
     def _emit_kernel(self, kernel: FusedKernel, step: int, last_use: dict[str, int]) -> None:
         compiled = self.kernels[kernel.name]
         for member in kernel.members:

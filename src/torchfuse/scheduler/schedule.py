@@ -34,6 +34,9 @@ class Schedule:
     graph: Graph | None = None
     # buffer -> graph input whose memory it is written into (see in_place.py)
     in_place: dict[str, str] = field(default_factory=dict)
+    # Kernels run by one launch (codegen/triton/combo.py): the combined kernel's name -> its parts'
+    # kernel names, consecutive in ``items`` in this order.
+    launch_groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[FusedKernel]:

@@ -40,6 +40,14 @@ INT32_LIMIT = 2**31 - 1
 # An outer tile holds RBLOCK x XBLOCK with XBLOCK >= 32 lanes along the rows, so a persistent
 # outer reduction fits 4096 elements only for short reduced axes.
 OUTER_PERSISTENT_LIMIT = 128
+# The program id a kernel starts from: int64 when its indices may pass 2**31 (``_needs_int64``).
+PROGRAM_ID, PROGRAM_ID_64 = "tl.program_id(0)", "tl.program_id(0).to(tl.int64)"
+
+
+def flat_prologue(pid: str) -> str:
+    """The first line of a flat pointwise kernel: its lanes' indices from the program id
+    (``combo.py`` finds this line to run the kernel as a part of a combined launch)."""
+    return f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)"
 
 
 @dataclass
@@ -68,6 +76,8 @@ class TritonKernel:
     # Stored buffer -> inputs it may be written over (``overwritable_inputs``); the wrapper
     # decides whether one is dead and ours.
     in_place: dict[str, list[str]] = field(default_factory=dict)
+    # Integers the wrapper passes after the pointers: a combined launch's part sizes (combo.py).
+    int_args: list[int] = field(default_factory=list)
 
 
 def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
@@ -186,14 +196,14 @@ class KernelRenderer:
         return self._finish(lines)
 
     def _emit_prologue(self, scope: Scope) -> None:
-        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        pid = PROGRAM_ID_64 if self.int64 else PROGRAM_ID
         if self.tile2d is not None:
             self._emit_tile_prologue(pid, scope)
             return
         if self.is_reduction:
             scope.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK){self._axis_suffix('x')}")
         else:
-            scope.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+            scope.emit(flat_prologue(pid))
         scope.emit("xmask = xindex < xnumel")
         if self.persistent:
             scope.emit(f"rindex = tl.arange(0, RBLOCK){self._axis_suffix('r')}")
