@@ -119,7 +119,13 @@ def test_gpt2_like_logits_are_held_once_at_the_peak():
     want, eager_peak = peak(head)
     del want
     got, compiled_peak = peak(compiled)
-    torch.testing.assert_close(got, head(a, w))
+    # cuBLAS sums the padded matmul in another order than eager's: compare both with float64.
+    with torch.no_grad():
+        exact = torch.nn.functional.linear(torch.nn.functional.gelu(a.double()), w.double())
+        eager_error = (head(a, w).double() - exact).abs().max().item()
+        error = (got.double() - exact).abs().max().item()
+    assert error <= 1.5 * eager_error, (error, eager_error)
+    del exact
     assert got.stride() == (50264, 1)
     padded_weight = 50264 * 768 * 2
     assert compiled_peak <= eager_peak + padded_weight + (1 << 20), (compiled_peak, eager_peak)

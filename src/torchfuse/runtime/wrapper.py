@@ -74,7 +74,7 @@ class WrapperWriter:
             if isinstance(item, FusedKernel) and item.name in group_of:
                 # A combined launch runs at its first part; the later parts are in it.
                 if self.plan.launch_groups[group_of[item.name]][0] == item.name:
-                    self._emit_combined(group_of[item.name], step)
+                    self._emit_combined(group_of[item.name], step, last_use)
             elif isinstance(item, FusedKernel):
                 self._emit_kernel(item, step, last_use)
             else:
@@ -166,30 +166,18 @@ class WrapperWriter:
         return name
 
     # -- kernels and externs ---------------------------------------------------------------
-    def _emit_combined(self, name: str, step: int) -> None:
-        """One launch of a group's kernels (codegen/triton/combo.py). Their results get buffers
-        of their own: a part overwriting a dead input could race with another part reading it."""
-        parts = self.plan.items[step:step + len(self.plan.launch_groups[name])]
-        assert [p.name for p in parts] == list(self.plan.launch_groups[name]), "a group's parts must be consecutive"
-        for part in parts:
-            for member in part.members:
-                if member.stored:
-                    self._allocate(self.graph.buffers[member.node.name])
-        compiled = self.kernels[name]
-        self.emit(f"# {name}: one launch of {', '.join(p.name for p in parts)}")
-        args = ", ".join([*compiled.pointer_args, *map(str, compiled.int_args)])
-        self.emit(f"{self._const(compiled, 'kernel')}({py(compiled.xnumel)}, 0, {args})")
-
-    def _emit_kernel(self, kernel: FusedKernel, step: int, last_use: dict[str, int]) -> None:
+    def _bind_outputs(self, kernel: FusedKernel, step: int, last_use: dict[str, int],
+                      shared: frozenset[str] | set[str] = frozenset()) -> None:
+        """Memory for each buffer the kernel stores: a mutated input's (plan.in_place, _allocate),
+        a scatter's base, a dead buffer the kernel reads element-wise (not one in ``shared``), or
+        a new or pooled allocation."""
         compiled = self.kernels[kernel.name]
         for member in kernel.members:
             if isinstance(member.node, ScatterAdd):
                 self._take_over_base(member.node)
             elif member.stored:
-                # A mutated input's new value goes into the input (plan.in_place, _allocate);
-                # otherwise the kernel may overwrite a dead buffer it reads element-wise.
                 reused = None if member.node.name in self.plan.in_place else \
-                    self._in_place_source(compiled, member.node.name, step, last_use)
+                    self._in_place_source(compiled, member.node.name, step, last_use, shared)
                 if reused:  # the old name is dropped after the kernel, never pooled for reuse
                     target = self.graph.buffers[member.node.name]
                     same_shape = tuple(target.shape) == tuple(self.graph.buffers[reused].shape)
@@ -200,6 +188,24 @@ class WrapperWriter:
                     self.allocated_here.add(member.node.name)
                 else:
                     self._allocate(self.graph.buffers[member.node.name])
+
+    def _emit_combined(self, name: str, step: int, last_use: dict[str, int]) -> None:
+        """One launch of a group's kernels (codegen/triton/combo.py), the parts at consecutive
+        steps. A part overwrites a dead input only if no other part reads it: the parts run
+        concurrently, so another part could still be reading it."""
+        parts = self.plan.items[step:step + len(self.plan.launch_groups[name])]
+        assert [p.name for p in parts] == list(self.plan.launch_groups[name]), "a group's parts must be consecutive"
+        for i, part in enumerate(parts):
+            others = {arg for other in parts if other is not part for arg in self.kernels[other.name].pointer_args}
+            self._bind_outputs(part, step + i, last_use, shared=others)
+        compiled = self.kernels[name]
+        self.emit(f"# {name}: one launch of {', '.join(p.name for p in parts)}")
+        args = ", ".join([*compiled.pointer_args, *map(str, compiled.int_args)])
+        self.emit(f"{self._const(compiled, 'kernel')}({py(compiled.xnumel)}, 0, {args})")
+
+    def _emit_kernel(self, kernel: FusedKernel, step: int, last_use: dict[str, int]) -> None:
+        compiled = self.kernels[kernel.name]
+        self._bind_outputs(kernel, step, last_use)
         # CPU scalars a GPU kernel reads are passed by value (ir/devices.py), as eager does.
         scalars = [f"{name}.item()" for name in getattr(compiled, "scalar_args", ())]
         args = compiled.pointer_args + scalars + [s.name for s in compiled.size_args]
@@ -229,14 +235,15 @@ class WrapperWriter:
         self.live.add(node.name)
         self.allocated_here.add(node.name)
 
-    def _in_place_source(self, compiled, name: str, step: int, last_use: dict[str, int]) -> str | None:
+    def _in_place_source(self, compiled, name: str, step: int, last_use: dict[str, int],
+                         shared: frozenset[str] | set[str] = frozenset()) -> str | None:
         """A dead input the kernel may overwrite to produce ``name``: one the renderer allows
         (``CppKernel.in_place``, ``TritonKernel.in_place``), read for the last time here, and ours:
         allocated by this wrapper or returned by an ATen op that aliases none of its inputs;
         never a graph input, output or constant."""
         keep = self.graph.output_names() | {b.name for b in self.graph.inputs} | set(self.graph.constants)
         for source in getattr(compiled, "in_place", {}).get(name, []):
-            if source in keep or source not in self.live or last_use.get(source, -1) != step:
+            if source in keep or source in shared or source not in self.live or last_use.get(source, -1) != step:
                 continue
             if source in self.allocated_here or source in self.fresh_extern_outputs:
                 return source
