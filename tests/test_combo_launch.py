@@ -37,9 +37,9 @@ class SqueezeExcite(torch.nn.Module):
 
 def _model_and_input(seed: int):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(SqueezeExcite(), SqueezeExcite()).eval().to(memory_format=torch.channels_last)
     x = floats((2, 8, 6, 5), torch.float32, specials=[], seed=seed).to(memory_format=torch.channels_last)
-    return model, x
+    model = torch.nn.Sequential(SqueezeExcite(), SqueezeExcite()).eval()
+    return model.to(x.device, memory_format=torch.channels_last), x
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_weight_casts_share_launches_and_results_are_exact(recorded):
     model, x = _model_and_input(seed=3)
     torchfuse.reset()
     compiled = compile_strict(model, options={"target": "triton"})
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16):
         got, want = compiled(x), model(x)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     (graph,) = torchfuse.report().graphs
@@ -178,10 +178,10 @@ def test_every_block_size_covers_every_part(recorded, xblock):
     (name, parts), = groups.items()
     kernel = combined[name]
     assert len(parts) == 3 and kernel.int_args == list(sizes) and int(kernel.xnumel) == 1024 + 2048 + 1024
-    outputs = [torch.full((n,), float("nan")) for n in sizes]
+    outputs = [torch.full((n,), float("nan"), device=args[0].device) for n in sizes]
     by_buffer = dict(zip(kernel.pointer_args, [args[0], outputs[0], args[1], outputs[1], args[2], outputs[2]]))
     assert len(by_buffer) == 6
-    launch = kernel_cache.load_kernel(kernel.source, kernel.function, True)
+    launch = kernel_cache.load_kernel(kernel.source, kernel.function, args[0].device.type == "cpu")
     launch[(int(kernel.xnumel) // xblock,)](*by_buffer.values(), *kernel.int_args, int(kernel.xnumel), XBLOCK=xblock)
     for got, want in zip(outputs, fn(*args)):
         torch.testing.assert_close(got, want)
@@ -192,7 +192,7 @@ def test_switch_off(monkeypatch):
     model, x = _model_and_input(seed=4)
     torchfuse.reset()
     compiled = compile_strict(model, options={"target": "triton"})
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16):
         torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
     (graph,) = torchfuse.report().graphs
     assert graph.combined_launches == {} and "one launch" not in graph.wrapper_source
@@ -203,7 +203,7 @@ def test_switch_off(monkeypatch):
 def test_combined_launches_on_the_gpu_match_separate_ones(monkeypatch):
     """On the GPU: the same results as with every kernel launched alone, and fewer launches."""
     model, x = _model_and_input(seed=5)
-    model, x = model.cuda(), x.cuda()
+    model, x = model.cuda(), x.cuda()  # floats() makes CUDA tensors already on a GPU machine
     results, launches = [], []
     for switch in ("1", "0"):
         monkeypatch.setenv("TORCHFUSE_COMBINE_LAUNCHES", switch)
