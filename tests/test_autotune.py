@@ -523,3 +523,18 @@ def test_a_candidate_that_fails_is_skipped_and_the_default_must_not(monkeypatch,
     monkeypatch.setattr(broken, "launch_through_triton", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bad")))
     with pytest.raises(RuntimeError, match="bad"):  # the default failing is a real error, as without tuning
         broken(65536, 0, torch.randn(65536), torch.empty(65536))
+
+
+def test_combined_launches_are_not_timed(tune_on_cpu):
+    """A combined launch's stores are in its parts' functions, under the parts' own parameter
+    names, so what it writes cannot be read from its source: it keeps its default config (never
+    timed on live buffers, where a part overwriting the matmul's dead result would apply twice)."""
+    def fn(x, w, y):
+        m = (torch.sin(x) * 3) @ w
+        return (m + 1).cos(), torch.tanh(y)
+
+    x, w, y = torch.randn(32, 32), torch.randn(32, 32), torch.randn(40, 40)
+    assert_close(compile_tuned(fn)(x, w, y), fn(x, w, y))
+    graph = torchfuse.report().graphs[-1]
+    assert graph.combined_launches and "overwrites the dead buffer" in graph.wrapper_source
+    assert not any(entry.kernel in graph.combined_launches for entry in graph.autotune)

@@ -416,7 +416,7 @@ def _compile_ahead(state: CompileState) -> None:
         return
     configs = None
     if state.options.autotune:  # the candidates (or the choice on disk), compiled ahead with the rest
-        configs = autotune.configs_to_compile(state.kernels, state.predictions, triton_ahead.default_config)
+        configs = autotune.configs_to_compile(_tunable(state.kernels), state.predictions, triton_ahead.default_config)
     state.ahead = triton_ahead.compile_ahead(state.kernels, state.launchers, state.predictions, configs=configs)
     for name, prediction in state.predictions.items():
         if name in state.ahead:
@@ -458,8 +458,12 @@ def _tuners(state: CompileState) -> dict[str, autotune.KernelTuner] | None:
     def record(choice: autotune.Choice) -> None:
         state.report.autotune.append(_autotune_entry(choice))
 
-    return {name: autotune.KernelTuner(name, kernel, record) for name, kernel in state.kernels.items()
-            if isinstance(kernel, TritonKernel)}
+    return {name: autotune.KernelTuner(name, kernel, record) for name, kernel in _tunable(state.kernels).items()}
+
+
+def _tunable(kernels: dict) -> dict[str, TritonKernel]:
+    """The Triton kernels autotuning may time: not combined launches (``TritonKernel.parts``)."""
+    return {name: kernel for name, kernel in kernels.items() if isinstance(kernel, TritonKernel) and not kernel.parts}
 
 
 def _autotune_entry(choice: autotune.Choice) -> AutotuneEntry:

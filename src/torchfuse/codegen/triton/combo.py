@@ -141,7 +141,8 @@ def render_combo(name: str, parts: Sequence[TritonKernel]) -> TritonKernel:
     padded = sum(-(-size // COMBO_BLOCK) * COMBO_BLOCK for size in sizes)
     origins = list(dict.fromkeys(origin for part in parts for origin in part.origins))
     return TritonKernel(name, source, pointer_args, [], sympy.Integer(padded), sympy.Integer(0), "pointwise", False,
-                        origins, [], parts[0].device, function, int_args=sizes)
+                        origins, [], parts[0].device, function, int_args=sizes,
+                        parts=tuple(part.name for part in parts))
 
 
 def _part_source(part: TritonKernel, function: str) -> str:

@@ -78,6 +78,9 @@ class TritonKernel:
     in_place: dict[str, list[str]] = field(default_factory=dict)
     # Integers the wrapper passes after the pointers: a combined launch's part sizes (combo.py).
     int_args: list[int] = field(default_factory=list)
+    # A combined launch (combo.py): the kernels it runs. Not autotuned: its stores sit in the
+    # parts' functions, under their own parameter names, so what it writes is not in its text.
+    parts: tuple[str, ...] = ()
 
 
 def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
