@@ -7,12 +7,16 @@ nothing another of them writes, one launch can run them all: the combined kernel
 partitioned among its parts, each part running its own kernel's code on its own programs.
 
 Which kernels combine (``plan_launch_groups``): flat pointwise kernels with static sizes
-(scatters, 2-D tiles, kernels taking sizes or scalars at runtime keep their own launch), that
-write no graph input in place, and that read nothing written since the group's first kernel (by
-a member, or by anything scheduled in between). A kernel moves up to its group's launch, so its
-result is allocated earlier: it may move past at most ``MAX_EXTERNS_CROSSED`` ATen calls, which
-keeps that lifetime short (the cast of the next convolution's weight moves past the current
-convolution, not past the model). Groups hold at most ``MAX_PARTS`` kernels (compile time).
+(scatters, 2-D tiles, kernels taking sizes or scalars at runtime keep their own launch) that
+write no graph input in place. A kernel moves up to the open group's launch when it reads
+nothing written since that launch (by a part, or by anything scheduled in between); else it
+opens a group, and a kernel left alone before it may move down to it when nothing in between
+reads what it writes or writes what it reads (a backward graph's weight-gradient cast, between
+two convolutions' backward and before a reduction, joins the next launch). Moving changes
+lifetimes (a result allocated earlier, an input kept longer): a kernel moves past at most
+``MAX_EXTERNS_CROSSED`` ATen calls (the cast of the next convolution's weight moves past the
+current convolution, not past the model). Groups hold at most ``MAX_PARTS`` kernels (compile
+time).
 
 How a combined kernel runs (``render_combo``): each part is its kernel's function with the program
 id shifted by ``pid_offset`` (one line differs: ``flat_prologue``), called from a chain of
@@ -55,21 +59,46 @@ def _prologue(kernel: TritonKernel) -> tuple[str, str] | None:
 
 
 @dataclass
-class _OpenGroup:
-    """A group being built: its members (item positions) and what was read and written since its
-    first member (members included), which later members must not depend on."""
+class LaunchGroup:
+    """Kernels launched as one: ``at`` is the item position where the launch happens (its
+    leader's), ``members`` every part's position in the old order."""
 
+    at: int
     members: list[int]
-    written: set[str] = field(default_factory=set)
-    externs_crossed: int = 0
+    written: set[str] = field(default_factory=set)  # since the leader ran, parts included
+    externs_crossed: int = 0  # ATen calls between the leader and the last item seen
+    leader: _Alone | None = None  # the leader's accesses, should no kernel join it
+
+
+@dataclass
+class _Alone:
+    """A combinable kernel left in a launch of its own so far: it may still sink to a later
+    group's launch if nothing after it reads what it writes or writes what it reads."""
+
+    position: int
+    reads: set[str]
+    writes: set[str]
+    read_after: set[str] = field(default_factory=set)
+    written_after: set[str] = field(default_factory=set)
+    externs_after: int = 0
+
+    def may_sink(self, reads: set[str], writes: set[str]) -> bool:
+        """Whether it can run alongside (at the place of) a kernel with these accesses."""
+        return (self.externs_after <= MAX_EXTERNS_CROSSED and not self.reads & (self.written_after | writes)
+                and not self.writes & (self.read_after | reads | self.written_after | writes))
 
 
 def plan_launch_groups(items: Sequence[FusedKernel | ExternKernel], kernels: dict[str, TritonKernel],
-                       in_place: dict[str, str]) -> list[list[int]]:
-    """Groups of item positions (two or more each, the first where the group launches) whose
-    kernels can run as one launch; see the module docstring for the rules."""
-    groups: list[list[int]] = []
-    open_group: _OpenGroup | None = None
+                       in_place: dict[str, str]) -> list[LaunchGroup]:
+    """Groups of two or more kernels that can run as one launch; see the module docstring.
+
+    A combinable kernel joins the open group (moving up to its launch) when it reads nothing
+    written since that launch; else it opens a new group, which earlier kernels left alone may
+    join by moving down to it (nothing between reads what they write or writes what they read).
+    """
+    groups: list[LaunchGroup] = []
+    open_group: LaunchGroup | None = None
+    alone: list[_Alone] = []
     for position, item in enumerate(items):
         reads, writes = _accesses(item, kernels, in_place)
         if isinstance(item, FusedKernel) and _can_be_part(item, kernels, in_place):
@@ -77,17 +106,35 @@ def plan_launch_groups(items: Sequence[FusedKernel | ExternKernel], kernels: dic
                     and open_group.externs_crossed <= MAX_EXTERNS_CROSSED and not reads & open_group.written):
                 open_group.members.append(position)
                 open_group.written |= writes
+                _seen(alone, reads, writes, extern=False)
                 continue
-            if open_group is not None and len(open_group.members) > 1:
-                groups.append(open_group.members)
-            open_group = _OpenGroup([position], set(writes))
+            if open_group is not None and len(open_group.members) == 1 and open_group.leader.externs_after <= MAX_EXTERNS_CROSSED:
+                alone.append(open_group.leader)
+            sinking = [k for k in alone if k.may_sink(reads, writes)][:MAX_PARTS - 1]
+            alone = [k for k in alone if k not in sinking]
+            _seen(alone, reads, writes, extern=False)
+            open_group = LaunchGroup(position, sorted([k.position for k in sinking] + [position]),
+                                     set(writes).union(*(k.writes for k in sinking)),
+                                     leader=None if sinking else _Alone(position, reads, writes))
+            groups.append(open_group)
             continue
+        _seen(alone, reads, writes, extern=isinstance(item, ExternKernel))
         if open_group is not None:
             open_group.written |= writes
             open_group.externs_crossed += isinstance(item, ExternKernel)
-    if open_group is not None and len(open_group.members) > 1:
-        groups.append(open_group.members)
-    return groups
+            if open_group.leader is not None:
+                _seen([open_group.leader], reads, writes, extern=isinstance(item, ExternKernel))
+    return [g for g in groups if len(g.members) > 1]
+
+
+def _seen(alone: list[_Alone], reads: set[str], writes: set[str], extern: bool) -> None:
+    """Record an item that runs after the kernels left alone (dropping those it pins down)."""
+    for kernel in alone:
+        kernel.read_after |= reads
+        kernel.written_after |= writes
+        kernel.externs_after += extern
+    alone[:] = [k for k in alone if k.externs_after <= MAX_EXTERNS_CROSSED
+                and not k.reads & k.written_after and not k.writes & k.read_after]
 
 
 def _can_be_part(item: FusedKernel, kernels: dict[str, TritonKernel], in_place: dict[str, str]) -> bool:
@@ -160,22 +207,22 @@ def _part_source(part: TritonKernel, function: str) -> str:
 
 def combine_launches(items: list, kernels: dict[str, TritonKernel],
                      in_place: dict[str, str]) -> tuple[list, dict[str, tuple[str, ...]], dict[str, TritonKernel]]:
-    """Plan the groups and render their kernels: (the items with each group's members moved
-    together to its first member's place, combined kernel name -> its parts' names in launch
-    order, combined kernels by name)."""
+    """Plan the groups and render their kernels: (the items with each group's parts moved
+    together to its launch, combined kernel name -> its parts' names in launch order, combined
+    kernels by name)."""
     groups = plan_launch_groups(items, kernels, in_place)
     if not groups:
         return items, {}, {}
-    grouped = {position: members for members in groups for position in members}
+    parts_of = {group.at: group.members for group in groups}
+    moved = {position for group in groups for position in group.members}
     ordered, launch_groups, combined = [], {}, {}
     for position, item in enumerate(items):
-        members = grouped.get(position)
-        if members is None:
-            ordered.append(item)
-        elif position == members[0]:
+        if position in parts_of:
             name = f"combo{len(combined)}"
-            parts = [items[p] for p in members]
+            parts = [items[p] for p in parts_of[position]]
             ordered += parts
             launch_groups[name] = tuple(p.name for p in parts)
             combined[name] = render_combo(name, [kernels[p.name] for p in parts])
+        elif position not in moved:
+            ordered.append(item)
     return ordered, launch_groups, combined
