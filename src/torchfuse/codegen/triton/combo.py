@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import sympy
+import torch
 
 from torchfuse.codegen.triton.kernel import PROGRAM_ID, PROGRAM_ID_64, TritonKernel, flat_prologue
 from torchfuse.ir.graph import ScatterAdd
@@ -65,6 +66,7 @@ class LaunchGroup:
 
     at: int
     members: list[int]
+    device: torch.device  # every part's (a launch runs on one GPU)
     written: set[str] = field(default_factory=set)  # since the leader ran, parts included
     externs_crossed: int = 0  # ATen calls between the leader and the last item seen
     leader: _Alone | None = None  # the leader's accesses, should no kernel join it
@@ -76,6 +78,7 @@ class _Alone:
     group's launch if nothing after it reads what it writes or writes what it reads."""
 
     position: int
+    device: torch.device
     reads: set[str]
     writes: set[str]
     read_after: set[str] = field(default_factory=set)
@@ -102,7 +105,7 @@ def plan_launch_groups(items: Sequence[FusedKernel | ExternKernel], kernels: dic
     for position, item in enumerate(items):
         reads, writes = _accesses(item, kernels, in_place)
         if isinstance(item, FusedKernel) and _can_be_part(item, kernels, in_place):
-            if (open_group is not None and len(open_group.members) < MAX_PARTS
+            if (open_group is not None and len(open_group.members) < MAX_PARTS and open_group.device == item.device
                     and open_group.externs_crossed <= MAX_EXTERNS_CROSSED and not reads & open_group.written):
                 open_group.members.append(position)
                 open_group.written |= writes
@@ -110,12 +113,12 @@ def plan_launch_groups(items: Sequence[FusedKernel | ExternKernel], kernels: dic
                 continue
             if open_group is not None and len(open_group.members) == 1 and open_group.leader.externs_after <= MAX_EXTERNS_CROSSED:
                 alone.append(open_group.leader)
-            sinking = [k for k in alone if k.may_sink(reads, writes)][:MAX_PARTS - 1]
+            sinking = [k for k in alone if k.device == item.device and k.may_sink(reads, writes)][:MAX_PARTS - 1]
             alone = [k for k in alone if k not in sinking]
             _seen(alone, reads, writes, extern=False)
-            open_group = LaunchGroup(position, sorted([k.position for k in sinking] + [position]),
+            open_group = LaunchGroup(position, sorted([k.position for k in sinking] + [position]), item.device,
                                      set(writes).union(*(k.writes for k in sinking)),
-                                     leader=None if sinking else _Alone(position, reads, writes))
+                                     leader=None if sinking else _Alone(position, item.device, reads, writes))
             groups.append(open_group)
             continue
         _seen(alone, reads, writes, extern=isinstance(item, ExternKernel))
