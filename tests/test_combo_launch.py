@@ -7,14 +7,18 @@ from __future__ import annotations
 import copy
 
 import pytest
+import sympy
 import torch
 
 import torchfuse
 from conftest import compile_strict
 from opcheck import check_outputs, floats
 from torchfuse.codegen.triton import combo
+from torchfuse.codegen.triton.kernel import PROGRAM_ID, TritonKernel, flat_prologue
+from torchfuse.ir.expr import Const
+from torchfuse.ir.graph import Pointwise
 from torchfuse.runtime import kernel_cache
-from torchfuse.scheduler.kernel import ExternKernel, FusedKernel
+from torchfuse.scheduler.kernel import ExternKernel, FusedKernel, KernelMember
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 
@@ -253,3 +257,21 @@ def test_combined_launches_on_the_gpu_match_separate_ones(monkeypatch):
         launches.append(sum(1 for line in graph.wrapper_source.splitlines() if line.strip().startswith("tf_kernel")))
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
     assert launches[0] < launches[1], launches
+
+
+def _lone_kernel(name: str, device: str):
+    """A pointwise kernel writing one buffer from nothing, on ``device`` (no GPU needed to plan)."""
+    node = Pointwise(f"buf_{name}", (8,), torch.float32, torch.device(device), Const(torch.float32, 1.0))
+    item = FusedKernel(name, (8,), members=[KernelMember(node, {}, "pointwise")])
+    source = f"@jit\ndef f_{name}(ptr0, xnumel, XBLOCK: tl.constexpr):\n    {flat_prologue(PROGRAM_ID)}\n"
+    kernel = TritonKernel(name, source, [node.name], [], sympy.Integer(8), sympy.Integer(0), "pointwise", False,
+                          function=f"f_{name}")
+    return item, kernel
+
+
+def test_parts_of_a_launch_share_one_device():
+    """A launch runs on one GPU: kernels on another device keep their own launches."""
+    made = [_lone_kernel(name, device) for name, device in (("a", "cuda:0"), ("b", "cuda:1"), ("c", "cuda:0"))]
+    items, kernels = [item for item, _ in made], {kernel.name: kernel for _, kernel in made}
+    groups = combo.plan_launch_groups(items, kernels, {})
+    assert [[items[p].name for p in group.members] for group in groups] == [["a", "c"]]
