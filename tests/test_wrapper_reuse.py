@@ -2,12 +2,16 @@
 ``.view`` when the shapes already agree (a view is ~1 us of host time at every step)."""
 from __future__ import annotations
 
+import ast
+import re
+
 import pytest
 import torch
 
 import torchfuse
 from conftest import compile_strict
 from opcheck import check_outputs, floats
+from test_combo_launch import _model_and_input
 from test_split_reductions import SMALL
 from torchfuse.codegen.triton import split
 
@@ -58,3 +62,22 @@ def test_a_triton_kernel_overwrites_a_dead_buffer_it_reads_element_by_element(tr
     x, w = floats((40, 40), torch.float32, specials=[], seed=13), floats((40, 40), torch.float32, specials=[], seed=14)
     check_outputs(fn, x, w, compiled=compile_strict(fn, options={"target": "triton"}), scale_tol=True)
     assert len(_overwrites()) == (0 if transposed else 1), _overwrites()
+
+
+def test_channels_last_buffers_are_reused_at_the_same_layout():
+    """A dead channels-last buffer is handed to a later one of the same shape and strides (no
+    new allocation; a row-major buffer of the same size would need other strides, so none is)."""
+
+    torchfuse.reset()
+    model, x = _model_and_input(seed=7)
+    model = torch.nn.Sequential(*model, *_model_and_input(seed=8)[0])
+    with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16):
+        want = model(x)
+        got = compile_strict(model, options={"target": "triton"})(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    source = torchfuse.report().graphs[-1].wrapper_source
+    layouts = {name: (ast.literal_eval(shape), ast.literal_eval(strides)) for name, shape, strides in
+               re.findall(r"(buf\d+) = tf_empty_\w+\((\([^)]*\)), (\([^)]*\))", source)}
+    reused = [old for old in re.findall(r"= (buf\d+); del buf\d+  # reuse dead buffer", source) if old in layouts]
+    channels_last = [old for old in reused if layouts[old][1] != tuple(torch.empty(layouts[old][0]).stride())]
+    assert channels_last, source

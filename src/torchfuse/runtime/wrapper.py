@@ -117,7 +117,7 @@ class WrapperWriter:
             if last_use.get(name, -1) <= step and name not in keep:
                 self.live.discard(name)
                 key = self._pool_key(self.graph.buffers[name])
-                if name in self.allocated_here and key[3]:
+                if name in self.allocated_here:
                     self.free_pool.setdefault(key, []).append((name, len(self.lines)))  # kept for reuse
                     self.lines.append("")
                 else:
@@ -132,7 +132,11 @@ class WrapperWriter:
 
     @staticmethod
     def _pool_key(buffer: Buffer) -> tuple:
-        return (sympy.sympify(buffer.numel), buffer.dtype, str(buffer.device), buffer.strides == _contiguous(buffer))
+        """Dead buffers reused for a new one: row-major ones by size (through a ``.view`` when
+        the shapes differ), others (channels-last activations) only at the same shape and strides."""
+        if buffer.strides == _contiguous(buffer):
+            return (sympy.sympify(buffer.numel), buffer.dtype, str(buffer.device))
+        return (sympy.sympify(buffer.numel), buffer.dtype, str(buffer.device), tuple(buffer.shape), tuple(buffer.strides))
 
     def _allocate(self, buffer: Buffer) -> None:
         if buffer.name in self.plan.in_place:  # the kernel writes the mutated input directly
@@ -143,7 +147,7 @@ class WrapperWriter:
         device = self._const(buffer.device, "device")
         dtype = self._const(buffer.dtype, "dtype")
         key = self._pool_key(buffer)
-        if key[3] and self.free_pool.get(key):
+        if self.free_pool.get(key):
             old, _ = self.free_pool[key].pop()
             if tuple(self.graph.buffers[old].shape) == tuple(buffer.shape):  # no view to make (~1 us a call)
                 self.emit(f"{buffer.name} = {old}; del {old}  # reuse dead buffer")
