@@ -17,7 +17,7 @@ from torchfuse.codegen.triton import combo
 from torchfuse.codegen.triton.kernel import PROGRAM_ID, TritonKernel, flat_prologue
 from torchfuse.ir.expr import Const
 from torchfuse.ir.graph import Pointwise
-from torchfuse.runtime import kernel_cache
+from torchfuse.runtime import graph_cache, kernel_cache
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel, KernelMember
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
@@ -275,3 +275,24 @@ def test_parts_of_a_launch_share_one_device():
     items, kernels = [item for item, _ in made], {kernel.name: kernel for _, kernel in made}
     groups = combo.plan_launch_groups(items, kernels, {})
     assert [[items[p].name for p in group.members] for group in groups] == [["a", "c"]]
+
+
+def test_a_graph_from_the_disk_cache_keeps_its_combined_launches(monkeypatch, tmp_path):
+    """A later process (here: the memory caches cleared) loads the combined kernels, not their
+    parts, and gets the same results and report."""
+    monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHFUSE_GRAPH_CACHE", "1")  # off in the tests (conftest.py)
+    model, x = _model_and_input(seed=9)
+    reports = []
+    for _ in range(2):
+        torchfuse.reset()
+        torch._dynamo.reset()
+        graph_cache.clear_memory()
+        before = graph_cache.stats.disk_hits
+        compiled = compile_strict(model, options={"target": "triton"})
+        with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16):
+            torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+        (graph,) = torchfuse.report().graphs
+        reports.append((graph.combined_launches, graph_cache.stats.disk_hits - before))
+    assert reports[0][0] and reports[1][0] == reports[0][0]
+    assert reports[1][1] == 1, reports
