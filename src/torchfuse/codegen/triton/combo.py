@@ -111,7 +111,7 @@ def plan_launch_groups(items: Sequence[FusedKernel | ExternKernel], kernels: dic
                 open_group.written |= writes
                 _seen(alone, reads, writes, extern=False)
                 continue
-            if open_group is not None and len(open_group.members) == 1 and open_group.leader.externs_after <= MAX_EXTERNS_CROSSED:
+            if open_group is not None and len(open_group.members) == 1:  # its leader was left alone
                 alone.append(open_group.leader)
             sinking = [k for k in alone if k.device == item.device and k.may_sink(reads, writes)][:MAX_PARTS - 1]
             alone = [k for k in alone if k not in sinking]
