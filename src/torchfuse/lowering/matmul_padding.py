@@ -5,25 +5,33 @@ multiple of 16 bytes. A result with an odd row length (GPT-2's logits: 50257 col
 back to an "align1" kernel: on the H200 the GPT-2 LM-head matmul took 3.4 ms of a 12 ms step
 where Inductor, which pads such matmuls too, took 0.45 ms.
 
-``mm(a, b)`` becomes ``mm(a, pad(b))[:, :n]``, then a contiguous copy: the zero columns of the
-padded operand give zero columns we never read, and the copy gives the result eager's layout.
-Pointwise readers inline that copy (they read the wide result through its strides); only a
-graph output or an ATen call pays it as a kernel. ``addmm`` pads its bias the same way.
+``mm(a, b)`` becomes ``mm_into_padded_rows(a, b, width)``: ATen's ``mm(..., out=)`` into a
+result of eager's shape whose rows are ``width`` elements apart (the next multiple of 16
+bytes). The operands stay as they are (their leading dimensions are aligned already: the
+rewrite requires an aligned inner dimension), so no padded copy of the weight exists (GPT-2:
+77 MB). ``addmm`` likewise. Then a contiguous copy gives eager's layout: pointwise readers
+inline it (they read the result through its strides); only a graph output or an ATen call pays
+it as a kernel.
 
-In an inference graph, a result that only the graph returns keeps the padded row stride (the
-view ``[:, :n]``, no copy): the copy would hold a second result as large as the first at the
-peak (GPT-2's logits: 412 MB twice, 929 MB peak against eager's 543 MB). The caller gets eager's
-values and shape with a row stride a few elements longer; ``view``, slicing and reductions work
-on it as on eager's, and ``is_contiguous()`` is False. A forward graph's outputs keep eager's
-layout: its backward was compiled for the traced strides of what it saves.
+In an inference graph, a result that only the graph returns keeps the padded row stride (no
+copy): the copy would hold a second result as large as the first at the peak (GPT-2's logits:
+412 MB twice, 929 MB peak against eager's 543 MB). The caller gets eager's values and shape with
+a row stride a few elements longer; ``view``, slicing and reductions work on it as on eager's,
+and ``is_contiguous()`` is False. A forward graph's outputs keep eager's layout: its backward
+was compiled for the traced strides of what it saves.
 """
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
+import torch.fx
 
+from torchfuse.lowering.context import LoweringContext
+from torchfuse.lowering.extern import lower_extern
 from torchfuse.lowering.graph_rewrite import rewrite_eligible
+from torchfuse.lowering.registry import register_lowering
 
 aten = torch.ops.aten
 
@@ -58,16 +66,13 @@ def _padded_width(node: torch.fx.Node) -> int | None:
 
 def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, padded_outputs: bool = False) -> None:
     width = _padded_width(node)
-    n = node.meta["val"].shape[1]
     only_returned = all(user.op == "output" for user in node.users)
+    target = mm_into_padded_rows if node.target is aten.mm.default else addmm_into_padded_rows
     with graph.inserting_before(node):
-        padded_args = [_pad_columns(graph, arg, width - n) if i != len(node.args) - 2 else arg
-                       for i, arg in enumerate(node.args)]
-        wide = graph.call_function(node.target, tuple(padded_args), dict(node.kwargs))
-        narrow = graph.call_function(aten.slice.Tensor, (wide, 1, 0, n))
-        added = [wide, narrow]
+        padded = graph.call_function(target, (*node.args, width), dict(node.kwargs))
+        added = [padded]
         if not (padded_outputs and only_returned):
-            added.append(graph.call_function(aten.clone.default, (narrow,), {"memory_format": torch.contiguous_format}))
+            added.append(graph.call_function(aten.clone.default, (padded,), {"memory_format": torch.contiguous_format}))
     with node.meta["val"].fake_mode:
         for new in added:
             _trace(new)
@@ -75,27 +80,24 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, padded_outputs: bool = 
     graph.erase_node(node)
 
 
-def _pad_columns(graph: torch.fx.Graph, value: torch.fx.Node, extra: int) -> torch.fx.Node:
-    """``value`` with ``extra`` zero columns (its last dim) when it has that dim to pad (an addmm
-    bias of shape [n] or [m, n]; one broadcast along the columns, [m, 1], stays).
+def _padded_result(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.empty_strided((a.shape[0], b.shape[1]), (width, 1), dtype=a.dtype, device=a.device)
 
-    A transposed operand (a linear layer's ``weight.t()``) is padded along its rows and
-    transposed back: a straight copy of the weight rather than a transposing one, and the
-    operand stays transposed for cuBLAS, its leading dimension unchanged.
-    """
-    fake = value.meta["val"]
-    if fake.dim() == 0 or fake.shape[-1] == 1:
-        return value
-    if fake.dim() == 2 and fake.stride(0) == 1 and fake.stride(1) != 1:  # transposed
-        rows = graph.call_function(aten.permute.default, (value, [1, 0]))
-        padded = graph.call_function(aten.constant_pad_nd.default, (rows, [0, 0, 0, extra], 0.0))
-        added = [rows, padded, graph.call_function(aten.permute.default, (padded, [1, 0]))]
-    else:
-        added = [graph.call_function(aten.constant_pad_nd.default, (value, [0, extra], 0.0))]
-    with fake.fake_mode:
-        for node in added:
-            _trace(node)
-    return added[-1]
+
+def mm_into_padded_rows(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
+    """``a @ b`` with its rows ``width`` elements apart (called by the wrapper, an ATen call)."""
+    return torch.mm(a, b, out=_padded_result(a, b, width))
+
+
+def addmm_into_padded_rows(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, width: int, *,
+                           beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
+    """``addmm`` with its rows ``width`` elements apart (called by the wrapper, an ATen call)."""
+    return torch.addmm(bias, a, b, beta=beta, alpha=alpha, out=_padded_result(a, b, width))
+
+
+@register_lowering(mm_into_padded_rows, addmm_into_padded_rows)
+def _lower_padded(ctx: LoweringContext, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any:
+    return lower_extern(ctx, node, args, kwargs)  # an ATen call, not a fallback
 
 
 def _trace(node: torch.fx.Node) -> None:
@@ -103,4 +105,10 @@ def _trace(node: torch.fx.Node) -> None:
     def val(value):
         return value.meta["val"] if isinstance(value, torch.fx.Node) else value
 
-    node.meta["val"] = node.target(*[val(a) for a in node.args], **node.kwargs)
+    args = [val(a) for a in node.args]
+    if node.target in (mm_into_padded_rows, addmm_into_padded_rows):
+        # The result's metadata only: a fake ``out=`` call copies, which fake CUDA tensors
+        # cannot do on a CPU-only torch (tests trace for CUDA without a GPU).
+        node.meta["val"] = _padded_result(*args[-3:])
+    else:
+        node.meta["val"] = node.target(*args, **node.kwargs)
