@@ -39,13 +39,18 @@ def test_rewrite_pads_the_rows_and_gives_eager_values_and_layout():
         assert torch.equal(got, want)
 
 
-def test_padded_calls_keep_beta_and_alpha():
-    gen = torch.Generator().manual_seed(3)
-    bias, a, b = (torch.randn(shape, generator=gen) for shape in ((7,), (5, 16), (16, 7)))
-    got = addmm_into_padded_rows(bias, a, b, 8, beta=0.5, alpha=2.0)
-    assert got.stride() == (8, 1)
+@pytest.mark.parametrize("n", [7, 13, 16])
+@pytest.mark.parametrize("bias_shape", ["row", "matrix", "column", "scalar"])
+def test_padded_calls_split_the_columns_and_keep_beta_and_alpha(n, bias_shape):
+    """The aligned columns and the rest are two matmuls; every bias shape addmm broadcasts."""
+    gen = torch.Generator().manual_seed(n)
+    a, b = torch.randn(5, 16, generator=gen), torch.randn(16, n, generator=gen)
+    bias = torch.randn({"row": (n,), "matrix": (5, n), "column": (5, 1), "scalar": ()}[bias_shape], generator=gen)
+    width = -(-n // 4) * 4 + 4
+    got = addmm_into_padded_rows(bias, a, b, width, beta=0.5, alpha=2.0)
+    assert got.shape == (5, n) and got.stride() == (width, 1)
     torch.testing.assert_close(got, torch.addmm(bias, a, b, beta=0.5, alpha=2.0))
-    torch.testing.assert_close(mm_into_padded_rows(a, b, 8), torch.mm(a, b))
+    torch.testing.assert_close(mm_into_padded_rows(a, b, width), torch.mm(a, b))
 
 
 @pytest.mark.parametrize("reason, shapes, dtype", [

@@ -84,15 +84,37 @@ def _padded_result(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor
     return torch.empty_strided((a.shape[0], b.shape[1]), (width, 1), dtype=a.dtype, device=a.device)
 
 
+def _aligned_columns(n: int, result: torch.Tensor) -> int:
+    """The columns of a matmul cuBLAS computes with its aligned kernels: a multiple of 16 bytes.
+    An odd N alone, with every leading dimension aligned, still got an sm75 kernel on the H200
+    (3.3 ms for GPT-2's LM head against 0.45 ms at N = 50264)."""
+    per_row = ALIGN_BYTES // result.element_size()
+    return n - n % per_row
+
+
 def mm_into_padded_rows(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
-    """``a @ b`` with its rows ``width`` elements apart (called by the wrapper, an ATen call)."""
-    return torch.mm(a, b, out=_padded_result(a, b, width))
+    """``a @ b`` with its rows ``width`` elements apart (called by the wrapper, an ATen call):
+    the aligned columns in one matmul, the last few in a second, small one."""
+    out = _padded_result(a, b, width)
+    main = _aligned_columns(b.shape[1], out)
+    torch.mm(a, b[:, :main], out=out[:, :main])
+    if main < b.shape[1]:
+        torch.mm(a, b[:, main:], out=out[:, main:])
+    return out
 
 
 def addmm_into_padded_rows(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, width: int, *,
                            beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
-    """``addmm`` with its rows ``width`` elements apart (called by the wrapper, an ATen call)."""
-    return torch.addmm(bias, a, b, beta=beta, alpha=alpha, out=_padded_result(a, b, width))
+    """``addmm`` with its rows ``width`` elements apart (called by the wrapper, an ATen call), in
+    two column ranges as ``mm_into_padded_rows``; a bias along the columns is split alike."""
+    out = _padded_result(a, b, width)
+    n = b.shape[1]
+    main = _aligned_columns(n, out)
+    for columns in (slice(0, main), slice(main, n)):
+        if columns.start < columns.stop:
+            part = bias[..., columns] if bias.dim() and bias.shape[-1] == n else bias
+            torch.addmm(part, a, b[:, columns], beta=beta, alpha=alpha, out=out[:, columns])
+    return out
 
 
 @register_lowering(mm_into_padded_rows, addmm_into_padded_rows)
