@@ -28,7 +28,7 @@ from torchfuse.diagnostics.traffic import TrafficCounter
 from torchfuse.frontend.aot import mutated_inputs, saved_outputs_start
 from torchfuse.frontend.symbolic import shape_env_of, size_hint
 from torchfuse.ir.printer import format_graph
-from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users
+from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users, split_convolution_bias
 from torchfuse.lowering.conv_layout import convolutions_channels_last
 from torchfuse.lowering.devices import check_one_device, place_on_one_device
 from torchfuse.lowering.driver import lower
@@ -317,6 +317,8 @@ def stage_aten(state: CompileState) -> None:
 def stage_lower(state: CompileState) -> None:
     # CUDA 16-bit matmuls only; an inference graph returns a padded result without copying it
     pad_unaligned_matmuls(state.gm, padded_outputs=state.report.kind == "inference")
+    if state.target == "triton":  # ATen adds a cuDNN convolution's bias with a kernel of its own
+        split_convolution_bias(state.gm)
     if state.target == "cpp":  # measured on CPUs only so far (see docs/decisions.md)
         split_bias_into_pointwise_users(state.gm)
         if state.report.kind == "inference":  # a forward graph's saved tensors keep their layouts
