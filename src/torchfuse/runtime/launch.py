@@ -38,7 +38,9 @@ MAX_PERSISTENT_TILE = 4096  # elements of one [XBLOCK, RBLOCK] tile held in regi
 LOOPED_RBLOCK = 1024
 # Outer reductions (codegen/triton/tiling.py): lanes walk the rows. 128 rows of bf16 are 256
 # contiguous bytes per reduced index; XBLOCK shrinks to OUTER_MIN_XBLOCK to reach MIN_PROGRAMS.
-OUTER_XBLOCK, OUTER_TILE = 128, 2048
+# A looped tile of 4096 elements: 8 KB of bf16 per load and program, about 32 KB in flight per
+# SM at four programs an SM (2048 gave half that, and a column sum reached 44% of copy bandwidth).
+OUTER_XBLOCK, OUTER_TILE = 128, 4096
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
 # kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
@@ -170,19 +172,25 @@ def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = F
 
 
 def _outer_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
-    xblock = _fill_the_gpu(xnumel, rnumel, min(OUTER_XBLOCK, max(2, next_power_of_2(xnumel))), OUTER_MIN_XBLOCK)
+    xblock = min(OUTER_XBLOCK, max(2, next_power_of_2(xnumel)))
     if persistent:
+        xblock = _fill_the_gpu(xnumel, rnumel, xblock, OUTER_MIN_XBLOCK)
         rblock = max(2, next_power_of_2(rnumel))
         xblock = max(2, min(xblock, MAX_PERSISTENT_TILE // rblock))
     else:
+        # A looped program takes rnumel / RBLOCK steps one after the other, however small the
+        # kernel: fewer lanes a program buy more programs and longer steps (a batch norm's second
+        # stage, 72 outputs x 896 partials, was one program of 56 steps a loop: 133 us on the H200).
+        xblock = _fill_the_gpu(xnumel, rnumel, xblock, OUTER_MIN_XBLOCK, small_too=True)
         rblock = max(2, min(next_power_of_2(rnumel), OUTER_TILE // xblock))
     return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 2048 else 4)
 
 
-def _fill_the_gpu(xnumel: int, rnumel: int, xblock: int, floor: int) -> int:
+def _fill_the_gpu(xnumel: int, rnumel: int, xblock: int, floor: int, small_too: bool = False) -> int:
     """Halve XBLOCK, not below ``floor``, while the grid has fewer than MIN_PROGRAMS programs
-    (kernels of fewer than SMALL_KERNEL elements keep their tiles: the launch dominates)."""
-    if xnumel * max(rnumel, 1) < SMALL_KERNEL:
+    (kernels of fewer than SMALL_KERNEL elements keep their tiles, the launch dominates, unless
+    ``small_too``)."""
+    if xnumel * max(rnumel, 1) < SMALL_KERNEL and not small_too:
         return xblock
     while xblock > floor and cdiv(xnumel, xblock) < MIN_PROGRAMS:
         xblock //= 2
