@@ -12,7 +12,10 @@ to issue the step and host microseconds per launch; then torchfuse's top kernels
 and writes profile.json. torchfuse's launch counters say how many launches went straight to a
 compiled binary. With --host-profile N, N more steps of each backend run under cProfile
 (host_<case>_<backend>.txt: the functions by own time and by cumulative time), to see where
-the host time of a host-bound step goes.
+the host time of a host-bound step goes. With --op-profile N, N more steps run under
+torch.profiler, CPU side only (ops_<case>_<backend>.txt: ATen ops by their own host time and by
+their total, with call counts), to see what an ATen call does on the host (the copies, adds and
+allocations inside a convolution, say).
 """
 from __future__ import annotations
 
@@ -74,6 +77,23 @@ def host_profile(step, steps: int, path: Path) -> None:
     path.write_text(text.getvalue())
 
 
+def op_profile(step, steps: int, path: Path) -> None:
+    """``steps`` calls of ``step`` under torch.profiler (CPU activity only: no CUPTI), written to
+    ``path``: the ops by self host time, then by total host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    text = (f"{steps} steps\n" + averages.table(sort_by="self_cpu_time_total", row_limit=40)
+            + "\n" + averages.table(sort_by="cpu_time_total", row_limit=40))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="", help="comma-separated model case names (default: all GPU models)")
@@ -83,6 +103,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
                         help="also run STEPS steps per backend under cProfile (host_<case>_<backend>.txt)")
+    parser.add_argument("--op-profile", type=int, default=0, metavar="STEPS",
+                        help="also run STEPS steps per backend under torch.profiler, CPU side (ops_<case>_<backend>.txt)")
     parser.add_argument("--out", default="out/profile")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -109,6 +131,8 @@ def main() -> int:
                 rows.append((case.name, backend, profile))
                 if args.host_profile:
                     host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
+                if args.op_profile:
+                    op_profile(step, args.op_profile, Path(args.out) / f"ops_{case.name}_{backend}.txt")
                 if backend.startswith("torchfuse"):
                     direct = launch.stats.direct - before[0]
                     through = launch.stats.through_triton - before[1]
