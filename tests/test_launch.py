@@ -50,7 +50,8 @@ def test_block_sizes_follow_the_sizes():
     # Short rows looped (their length is symbolic) share a program.
     assert reduction_config(False, 100_000, 100) == launch.Config(12_500, (8, 128), 4)
     # Outer tiles put 32-128 rows on the lanes, RBLOCK reduced indices a step.
-    assert reduction_config(False, 65_536, 784, outer=True) == launch.Config(512, (128, 32), 8)
+    assert reduction_config(False, 65_536, 784, outer=True) == launch.Config(512, (128, 16), 8)
+    # Too few programs even at 32 lanes: longer steps.
     assert reduction_config(False, 768, 4096, outer=True) == launch.Config(24, (32, 128), 8)
     # A small looped one (a batch norm's second stage, 72 channels x 896 partials) gets as many
     # programs as 32 lanes allow, and 7 steps a loop (it was one program of 56).
