@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from torchfuse.bench.runner import BACKENDS  # noqa: E402
 from torchfuse.bench.suites import select  # noqa: E402
 from torchfuse.bench.compile_time import compiler_for, use_fresh_caches, warm_up_compilers  # noqa: E402
-from torchfuse.bench.profile import format_profiles, profile_step  # noqa: E402
+from torchfuse.bench.profile import format_profiles, profile_steps  # noqa: E402
 from torchfuse.runtime import launch  # noqa: E402
 
 
@@ -121,26 +121,37 @@ def main() -> int:
         if case.missing():
             continue
         workload = case.build(device, args.quick)
+        steps = {}
         for backend in backends:
             try:
-                step = workload.make_step(compiler_for(backend))
+                steps[backend] = workload.make_step(compiler_for(backend))
                 for _ in range(3):  # compile and settle: nothing compiles while profiling
-                    step()
-                before = (launch.stats.direct, launch.stats.through_triton)
-                profile = profile_step(step, args.steps, top=args.top)
-                rows.append((case.name, backend, profile))
-                if args.host_profile:
-                    host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
-                if args.op_profile:
-                    op_profile(step, args.op_profile, Path(args.out) / f"ops_{case.name}_{backend}.txt")
-                if backend.startswith("torchfuse"):
-                    direct = launch.stats.direct - before[0]
-                    through = launch.stats.through_triton - before[1]
-                    tops[case.name if backend == "torchfuse" else f"{case.name} ({backend})"] = {"top": [asdict(k) for k in profile.top], "direct": direct,
-                                       "through_triton": through}
+                    steps[backend]()
             except Exception as exc:  # noqa: BLE001 - one backend failing must not end the run
                 traceback.print_exc()
                 failures[f"{case.name}/{backend}"] = f"{type(exc).__name__}: {exc}"[:300]
+                steps.pop(backend, None)
+        before = (launch.stats.direct, launch.stats.through_triton)
+        try:
+            # Backends timed in turn, round by round (profile_steps): the machine's slow spells
+            # fall on all of them alike.
+            profiles = profile_steps(steps, args.steps, top=args.top)
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            failures[f"{case.name}/profile"] = f"{type(exc).__name__}: {exc}"[:300]
+            profiles = {}
+        for backend, profile in profiles.items():
+            rows.append((case.name, backend, profile))
+            if backend.startswith("torchfuse"):
+                tops[case.name if backend == "torchfuse" else f"{case.name} ({backend})"] = {
+                    "top": [asdict(k) for k in profile.top], "direct": launch.stats.direct - before[0],
+                    "through_triton": launch.stats.through_triton - before[1]}
+        for backend, step in steps.items():
+            if args.host_profile:
+                host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
+            if args.op_profile:
+                op_profile(step, args.op_profile, Path(args.out) / f"ops_{case.name}_{backend}.txt")
+        del steps
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     out = Path(args.out)
@@ -149,7 +160,8 @@ def main() -> int:
         "rows": [{"case": c, "backend": b, **asdict(p), "host_us_per_launch": p.host_us_per_launch}
                  for c, b, p in rows], "torchfuse_top": tops, "failures": failures}, indent=1))
     for case, info in tops.items():
-        print(f"\n{case}: torchfuse launches direct {info['direct']}, through Triton {info['through_triton']}")
+        print(f"\n{case}: torchfuse launches (all torchfuse backends of the case) direct {info['direct']}, "
+              f"through Triton {info['through_triton']}")
         for kernel in info["top"][:5]:
             print(f"  {kernel['ms']:8.3f} ms  x{kernel['calls']:.0f}  {kernel['name']}")
     for name, failure in failures.items():

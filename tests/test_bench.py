@@ -199,3 +199,17 @@ def compile_time_backends_known() -> bool:
     from torchfuse.bench import compile_time
 
     return all(callable(compile_time.compiler_for(b)) for b in runner.BACKENDS)
+
+
+def test_profiled_backends_are_timed_in_turn_round_by_round(monkeypatch):
+    """A slow spell of the machine must fall on every backend alike: rounds alternate them."""
+    from torchfuse.bench import profile
+
+    order: list[str] = []
+    monkeypatch.setattr(profile.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(profile, "_kernel_times", lambda step, steps: {
+        "k": profile.KernelTime("k", 1.0, 2.0)})
+    steps = {name: (lambda name=name: order.append(name)) for name in ("eager", "inductor", "torchfuse")}
+    profiles = profile.profile_steps(steps, rounds=3)
+    assert order == ["eager", "inductor", "torchfuse"] * 3
+    assert set(profiles) == set(steps) and all(p.gpu_ms == 1.0 and p.launches == 2.0 for p in profiles.values())

@@ -51,19 +51,31 @@ class StepProfile:
 
 def profile_step(step: Step, steps: int = 10, top: int = 8) -> StepProfile:
     """Profile a warmed-up GPU ``step`` (call it a few times first, so nothing compiles here)."""
-    wall, host = [], []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        issued = time.perf_counter()
-        torch.cuda.synchronize()
-        wall.append(time.perf_counter() - start)
-        host.append(issued - start)
-    kernels = _kernel_times(step, steps)
-    totals = sorted(kernels.values(), key=lambda k: -k.ms)
-    return StepProfile(1e3 * statistics.median(wall), sum(k.ms for k in totals), 1e3 * statistics.median(host),
-                       sum(k.calls for k in totals), totals[:top])
+    return profile_steps({"step": step}, steps, top)["step"]
+
+
+def profile_steps(steps: dict[str, Step], rounds: int = 10, top: int = 8) -> dict[str, StepProfile]:
+    """Profile warmed-up GPU steps (one per backend) side by side: the wall and host clocks of
+    each round time every step once, in turn, so a slow spell of the machine (the H200 box's
+    host speed moved ~1.8x between and within calls) falls on all of them alike; then the
+    kernels of each step under the profiler."""
+    wall: dict[str, list[float]] = {name: [] for name in steps}
+    host: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            step()
+            issued = time.perf_counter()
+            torch.cuda.synchronize()
+            wall[name].append(time.perf_counter() - start)
+            host[name].append(issued - start)
+    profiles = {}
+    for name, step in steps.items():
+        totals = sorted(_kernel_times(step, rounds).values(), key=lambda k: -k.ms)
+        profiles[name] = StepProfile(1e3 * statistics.median(wall[name]), sum(k.ms for k in totals),
+                                     1e3 * statistics.median(host[name]), sum(k.calls for k in totals), totals[:top])
+    return profiles
 
 
 def _kernel_times(step: Step, steps: int) -> dict[str, KernelTime]:

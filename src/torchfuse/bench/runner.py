@@ -225,7 +225,7 @@ def run_case(case: Case, backends: list[str], device: torch.device, quick: bool,
     result.tf_compiles_while_timed = compile_events() - compiles_before
     if profiled and "timing" not in result.errors:
         status("profiling")
-        result.profiles = {backend: profile.profile_step(step) for backend, step in steps.items()}
+        result.profiles = profile.profile_steps(steps)
     del steps
     if _runs_torchfuse(backends):  # after timing too: a recompile while timing counts
         _record_torchfuse_graphs(result, graphs_before)
