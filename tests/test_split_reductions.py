@@ -139,6 +139,20 @@ def test_channels_last_statistics_through_a_cast(shape):
     assert splits() and all("(outer)" in note for note in splits()), splits()
 
 
+def test_few_outputs_get_at_most_max_chunks_each(monkeypatch):
+    """Few channels over many rows would get thousands of chunks each: the second stage reads
+    them in one short run of programs, so their number is capped (``SplitPolicy.max_chunks``)."""
+    x = floats((4, 6, 9, 7), torch.bfloat16, specials=[], seed=12).to(memory_format=torch.channels_last)
+    build = lambda x: {"var_mean": torch.var_mean(x.float(), (0, 2, 3), correction=0)}  # noqa: E731
+    run_named(build, x)
+    uncapped = splits()
+    assert uncapped and all(" 6 chunks of 42 " in note for note in uncapped), uncapped
+    torchfuse.reset()
+    monkeypatch.setattr(split, "POLICY", split.SplitPolicy(**{**SMALL.__dict__, "max_chunks": 3}))
+    run_named(build, x)
+    assert splits() and all(" 3 chunks of 84 " in note for note in splits()), splits()
+
+
 def test_prologues_and_epilogues():
     x = floats((800, 6), torch.float32, -2, 2, specials=[], seed=8)
     b = floats((6,), torch.float32, specials=[], seed=9)
