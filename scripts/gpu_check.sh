@@ -19,6 +19,7 @@
 #                                            # of the micro suite (or the named cases) with torchfuse
 #                                            # and both compilers' max-autotune, cold and warm
 # The OpInfo tests need `expecttest`, absent there: carry its wheel in .whl/ (gpu_env.sh installs it).
+# Results come back as $OUT/results.tgz beside the top-level logs (a call returns at most 8 files).
 # Each step has its own time limit so that a slow one cannot cost the others their results.
 set -uo pipefail
 # shellcheck source=scripts/gpu_env.sh
@@ -86,3 +87,14 @@ case "$what" in
        exit 2 ;;
 esac
 tail -n 4 "$out"/*.log
+# A device call brings back at most 8 files (device/README.md): everything goes into one archive,
+# and only the short top-level logs stay beside it.
+pack_results() {
+    local archive="$out/results.tgz"
+    tar czf "$archive.tmp" -C "$out" --exclude results.tgz --exclude results.tgz.tmp . && mv "$archive.tmp" "$archive"
+    find "$out" -mindepth 1 -depth ! -name results.tgz ! -name '*.log' ! -name failures.txt -delete 2>/dev/null
+    find "$out" -mindepth 2 -name '*.log' -delete 2>/dev/null
+    find "$out" -mindepth 1 -type d -empty -delete 2>/dev/null
+    return 0
+}
+pack_results
