@@ -17,22 +17,10 @@ Usage: python scripts/measure_unaligned_operands.py [--tokens 8192] [--vocab 305
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-
-def median_ms(fn, repeats: int = 20) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from measure_padded_matmul import median_ms  # the same CUDA-event median, beside this script
 
 
 def with_row_stride(t: torch.Tensor, stride: int) -> torch.Tensor:
