@@ -72,7 +72,8 @@ def _split(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
 
 def split_convolution_bias(gm: torch.fx.GraphModule) -> int:
     """Rewrite every convolution with a bias into the convolution without it plus a broadcast
-    add, in place; returns how many were split. The caller applies it to GPU graphs."""
+    add, in place; returns how many were split. The pipeline applies it to Triton-target graphs
+    (GPU kernels, or Triton's interpreter on a CPU, so tests run the same path)."""
     return rewrite_eligible(gm, _convolution_with_bias, _split_convolution)
 
 
