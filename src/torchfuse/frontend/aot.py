@@ -17,7 +17,7 @@ from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import TracingContext
 
-from torchfuse.frontend import aot_cache
+from torchfuse.frontend import aot_cache, attention
 from torchfuse.frontend.decompositions import decomposition_table
 
 # (ATen graph, example inputs, kind: "forward" | "backward" | "inference") -> boxed callable
@@ -76,6 +76,8 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
         """``before_tracing`` runs when aot_autograd is about to trace (not on a warm-cache hit)."""
         if no_hooks is not None:
             aot_cache.stats.not_cached[no_hooks] += 1
+        if any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+            attention.keep_fused_attention(gm)
         try:
             with aot_cache.serving(warm_cache, compilers, before_tracing, example_inputs):
                 return compile_with_aot(gm, example_inputs)

@@ -1,0 +1,111 @@
+"""Keep CUDA attention fused through aot_autograd's trace.
+
+``F.scaled_dot_product_attention`` is a composite op: at each call it asks
+``torch._fused_sdp_choice`` which kernel fits the call (cuDNN, flash, memory-efficient, or the
+math path of bmm and softmax) and calls that one. aot_autograd makes this choice on the fake
+tensors it traces with, and there it can differ from eager's: on the H200, BERT's bf16-autocast
+training step was traced into the math path, which computes in float32 (two float32 bmm and a
+float32 softmax a layer, 4.6 ms of a 27 ms step), where eager runs cuDNN's fused kernels for the
+same call (GPT-2 inference and LLaMA or ViT training kept theirs).
+
+So, on CUDA, Dynamo's attention calls become calls of ``fused_attention``. While aot_autograd
+traces, it asks the same question on real tensors that have the traced metadata (shapes,
+strides, dtypes, whether a gradient is needed) and, when the answer is a fused kernel, calls
+that kernel's op directly, as the composite op would; otherwise it calls the composite op as
+before. The fused ops have their own backward (derivatives.yaml), which aot_autograd traces,
+and run as ATen calls (lowering/extern.py).
+
+Calls with a mask or grouped-query heads keep the composite op: the composite op rewrites masks
+(boolean to additive, padded to aligned rows) and expands heads before a fused kernel sees them.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch.utils._python_dispatch import _disable_current_modes
+
+aten = torch.ops.aten
+
+# torch's SDPBackend numbering (the value ``torch._fused_sdp_choice`` returns)
+FLASH, EFFICIENT, CUDNN = 1, 2, 3
+ATTENTION_CALLS = (torch._C._nn.scaled_dot_product_attention, F.scaled_dot_product_attention)
+# What the traces chose, by name ("cudnn", "math: ..."): for tests and diagnosis.
+choices: Counter = Counter()
+
+
+def keep_fused_attention(gm: torch.fx.GraphModule) -> int:
+    """Point ``gm``'s attention calls at ``fused_attention``; returns how many."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in ATTENTION_CALLS]
+    for node in calls:
+        node.target = fused_attention
+    if calls:
+        gm.recompile()
+    return len(calls)
+
+
+def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                    scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``, calling the fused kernel eager would choose directly."""
+    reason = _why_composite(query, key, value, attn_mask, enable_gqa)
+    backend = None if reason else backend_choice(query, key, value, dropout_p, is_causal, scale)
+    call = _FUSED_CALLS.get(backend)
+    if call is None or (backend == FLASH and query.shape[-1] % 8):  # flash pads odd head dims itself
+        choices[reason or f"math: torch chose backend {backend}"] += 1
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    choices[_NAMES[backend]] += 1
+    return call(query, key, value, dropout_p, is_causal, scale, _needs_logsumexp(query, key, value))
+
+
+def _why_composite(query, key, value, attn_mask, enable_gqa) -> str | None:
+    if query.device.type != "cuda":
+        return "composite: not CUDA"
+    if attn_mask is not None or enable_gqa:
+        return "composite: a mask or grouped-query heads"
+    tensors = (query, key, value)
+    if any(not isinstance(size, int) for t in tensors for size in (*t.shape, *t.stride())):
+        return "composite: symbolic shapes"
+    if len({t.dtype for t in tensors}) != 1 or query.dtype not in (torch.float16, torch.bfloat16):
+        return "composite: not one 16-bit dtype"  # autocast casts for the composite op only
+    if torch.is_autocast_enabled("cuda") and query.dtype != torch.get_autocast_dtype("cuda"):
+        return "composite: autocast would cast"
+    return None
+
+
+def _needs_logsumexp(*tensors: torch.Tensor) -> bool:
+    """The forward keeps its softmax statistics when a backward will need them."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def backend_choice(query, key, value, dropout_p: float, is_causal: bool, scale: float | None) -> int:
+    """``torch._fused_sdp_choice`` on real, uninitialised tensors with the traced ones' metadata
+    (the choice reads only metadata; the tensors live for the call)."""
+    grad = _needs_logsumexp(query, key, value)
+    specs = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.requires_grad) for t in (query, key, value)]
+    with _disable_current_modes(), torch.set_grad_enabled(grad):
+        real = [torch.empty_strided(shape, stride, dtype=dtype, device=device).requires_grad_(needs)
+                for shape, stride, dtype, device, needs in specs]
+        return int(torch._fused_sdp_choice(*real, None, dropout_p, is_causal, scale=scale))
+
+
+def _cudnn(q, k, v, dropout_p, is_causal, scale, logsumexp):
+    return aten._scaled_dot_product_cudnn_attention(q, k, v, None, logsumexp, dropout_p, is_causal, False,
+                                                    scale=scale)[0]
+
+
+def _flash(q, k, v, dropout_p, is_causal, scale, logsumexp):
+    return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+
+
+def _efficient(q, k, v, dropout_p, is_causal, scale, logsumexp):
+    return aten._scaled_dot_product_efficient_attention(q, k, v, None, logsumexp, dropout_p, is_causal,
+                                                        scale=scale)[0]
+
+
+_FUSED_CALLS: dict[int | None, Callable] = {CUDNN: _cudnn, FLASH: _flash, EFFICIENT: _efficient}
+_NAMES = {CUDNN: "cudnn", FLASH: "flash", EFFICIENT: "efficient"}

@@ -1,0 +1,177 @@
+"""CUDA attention keeps the fused kernel eager would choose (frontend/attention.py).
+
+aot_autograd's fake-tensor trace chose SDPA's float32 math path for BERT's autocast training
+step where eager chose cuDNN. ``fused_attention`` asks ``torch._fused_sdp_choice`` on real
+tensors and calls the chosen kernel's op. Without a GPU the choice is injected and the ops are
+traced on meta tensors (their shapes come from torch's meta functions)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torchfuse
+from conftest import assert_close, to_float64
+from torchfuse.frontend import attention
+
+aten = torch.ops.aten
+FUSED_OPS = {
+    attention.CUDNN: (aten._scaled_dot_product_cudnn_attention.default,
+                      aten._scaled_dot_product_cudnn_attention_backward.default),
+    attention.FLASH: (aten._scaled_dot_product_flash_attention.default,
+                      aten._scaled_dot_product_flash_attention_backward.default),
+    attention.EFFICIENT: (aten._scaled_dot_product_efficient_attention.default,
+                          aten._scaled_dot_product_efficient_attention_backward.default),
+}
+
+
+def _heads(batch=2, seq=64, heads=4, dim=32, device="meta", dtype=torch.bfloat16):
+    """q, k, v as a model makes them: [B, S, H, D] projections viewed as [B, H, S, D]."""
+    return [torch.empty(batch, seq, heads, dim, dtype=dtype, device=device).transpose(1, 2) for _ in range(3)]
+
+
+@pytest.fixture
+def chosen(monkeypatch):
+    """Pretend torch chose ``backend`` for every call on a CUDA device (meta tensors stand in)."""
+    def choose(backend: int) -> None:
+        monkeypatch.setattr(attention, "_why_composite", lambda *args: None)
+        monkeypatch.setattr(attention, "backend_choice", lambda *args: backend)
+    attention.choices.clear()
+    return choose
+
+
+@pytest.mark.parametrize("backend", sorted(FUSED_OPS))
+def test_training_trace_calls_the_chosen_kernel_and_its_backward(chosen, backend):
+    chosen(backend)
+    q, k, v = (t.requires_grad_() for t in _heads())
+
+    def step(q, k, v):
+        out = attention.fused_attention(q, k, v, scale=0.125)
+        return torch.autograd.grad(out.sum(), (q, k, v))
+
+    targets = [n.target for n in make_fx(step)(q, k, v).graph.nodes]
+    forward, backward = FUSED_OPS[backend]
+    assert targets.count(forward) == 1 and targets.count(backward) == 1
+    assert aten.bmm.default not in targets and aten._safe_softmax.default not in targets
+    assert attention.choices == {attention._NAMES[backend]: 1}
+
+
+@pytest.mark.parametrize("backend", [attention.CUDNN, attention.EFFICIENT])
+@pytest.mark.parametrize("grad", [True, False])
+def test_softmax_statistics_are_kept_only_for_a_backward(chosen, backend, grad):
+    chosen(backend)
+    q, k, v = _heads()
+    with torch.set_grad_enabled(grad):
+        gm = make_fx(lambda q, k, v: attention.fused_attention(q, k, v))(*(t.requires_grad_() for t in (q, k, v)))
+    call = next(n for n in gm.graph.nodes if n.target == FUSED_OPS[backend][0])
+    assert call.args[4] is grad  # compute_log_sumexp
+
+
+def test_math_choice_keeps_the_composite_op(chosen):
+    chosen(0)
+    gm = make_fx(lambda q, k, v: attention.fused_attention(q, k, v))(*_heads())
+    assert not any(n.target in FUSED_OPS[b] for b in FUSED_OPS for n in gm.graph.nodes)
+    assert attention.choices == {"math: torch chose backend 0": 1}
+
+
+def test_flash_with_an_odd_head_dim_is_left_to_the_composite_op(chosen):
+    """The composite op pads such heads to a multiple of 8 for flash; the direct call would not."""
+    chosen(attention.FLASH)
+    gm = make_fx(lambda q, k, v: attention.fused_attention(q, k, v))(*_heads(dim=36))
+    assert aten._scaled_dot_product_flash_attention.default not in [n.target for n in gm.graph.nodes]
+
+
+def _fake_cuda(**kwargs):
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        return _heads(device="cuda", **kwargs)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("cpu", "composite: not CUDA"),
+    ("mask", "composite: a mask or grouped-query heads"),
+    ("gqa", "composite: a mask or grouped-query heads"),
+    ("float32", "composite: not one 16-bit dtype"),
+    ("mixed", "composite: not one 16-bit dtype"),
+])
+def test_calls_a_fused_op_cannot_take_stay_composite(case, reason):
+    q, k, v = _heads(device="cpu") if case == "cpu" else _fake_cuda(dtype=torch.float32 if case == "float32" else torch.bfloat16)
+    if case == "mixed":
+        v = _fake_cuda(dtype=torch.float16)[2]
+    mask = q.new_empty(q.shape[-2], k.shape[-2]) if case == "mask" else None
+    assert attention._why_composite(q, k, v, mask, case == "gqa") == reason
+
+
+def test_autocast_to_another_dtype_stays_composite():
+    q, k, v = _fake_cuda(dtype=torch.float16)
+    dtype = torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)  # torch.autocast refuses CUDA on a CPU-only build
+    torch.set_autocast_dtype("cuda", torch.bfloat16)
+    try:
+        assert attention._why_composite(q, k, v, None, False) == "composite: autocast would cast"
+    finally:
+        torch.set_autocast_enabled("cuda", False)
+        torch.set_autocast_dtype("cuda", dtype)
+    assert attention._why_composite(q, k, v, None, False) is None
+
+
+class SelfAttention(torch.nn.Module):
+    def __init__(self, dim=64, heads=4):
+        super().__init__()
+        self.qkv, self.out, self.heads = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim), heads
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        return self.out(F.scaled_dot_product_attention(q, k, v, scale=0.125).transpose(1, 2).reshape(b, s, d))
+
+
+def test_dynamo_graph_calls_are_rewritten_and_compute_the_same_on_cpu():
+    captured = []
+
+    def backend(gm, example_inputs):
+        captured.append(attention.keep_fused_attention(gm))
+        return gm
+
+    model, x = SelfAttention(), torch.randn(2, 16, 64)
+    got = torch.compile(model, backend=backend)(x)
+    assert captured == [1]
+    assert torch.equal(got, model(x))  # on the CPU fused_attention calls the composite op
+
+
+def test_cpu_graphs_are_not_rewritten():
+    attention.choices.clear()
+    model, x = SelfAttention(), torch.randn(2, 16, 64, requires_grad=True)
+    torchfuse.compile(model, options={"strict": True})(x).sum().backward()
+    assert not attention.choices
+
+
+@pytest.mark.gpu
+def test_autocast_training_on_cuda_runs_a_fused_kernel_with_eager_gradients():
+    """BERT's case: fp32 weights, bf16 autocast, training. The trace takes the fused kernel, and
+    the gradients are as close to float64 as eager's."""
+    attention.choices.clear()
+    torch.manual_seed(0)
+    model = SelfAttention(dim=768, heads=12).cuda()
+    x = torch.randn(4, 512, 768, device="cuda", requires_grad=True)
+
+    def step(fn):
+        for p in (*model.parameters(), x):
+            p.grad = None
+        with torch.autocast("cuda", torch.bfloat16):
+            out = fn(x)
+        out.float().square().mean().backward()
+        return [out.detach(), x.grad, *(p.grad for p in model.parameters())]
+
+    eager = step(model)
+    compiled = step(torchfuse.compile(model, options={"strict": True}))
+    assert attention.choices and all(not name.startswith(("math", "composite")) for name in attention.choices), \
+        attention.choices
+    model64 = SelfAttention(dim=768, heads=12).cuda().double()
+    model64.load_state_dict(model.state_dict())
+    x64 = x.detach().double().requires_grad_()
+    out64 = model64(x64)
+    out64.square().mean().backward()
+    reference = [out64.detach(), x64.grad, *(p.grad for p in model64.parameters())]
+    assert_close(compiled, eager, torch.bfloat16, reference=to_float64(reference))
