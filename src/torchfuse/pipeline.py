@@ -33,6 +33,7 @@ from torchfuse.lowering.conv_layout import convolutions_channels_last
 from torchfuse.lowering.devices import check_one_device, place_on_one_device
 from torchfuse.lowering.driver import lower
 from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls
+from torchfuse.lowering.operand_padding import pad_unaligned_operands
 from torchfuse.options import Options
 from torchfuse.runtime import autotune, cpp_build, cudagraphs, graph_cache, kernel_cache, triton_ahead, wrapper
 from torchfuse.runtime.predict import Unpredicted, predict_launches
@@ -315,7 +316,9 @@ def stage_aten(state: CompileState) -> None:
 
 
 def stage_lower(state: CompileState) -> None:
-    # CUDA 16-bit matmuls only; an inference graph returns a padded result without copying it
+    # CUDA 16-bit matmuls only: operands with unaligned rows get zero-padded copies, results with
+    # unaligned rows padded strides (an inference graph returns such a result without copying it)
+    pad_unaligned_operands(state.gm)
     pad_unaligned_matmuls(state.gm, padded_outputs=state.report.kind == "inference")
     if state.target == "triton":  # ATen adds a cuDNN convolution's bias with a kernel of its own
         split_convolution_bias(state.gm)
