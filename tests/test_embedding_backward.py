@@ -380,3 +380,34 @@ def test_scatter_kernels_compile_for_the_gpu(monkeypatch, tmp_path, compile_targ
     atomics = [k.source for k in kernels.values() if k.kind == "scatter"]
     assert all("tl.atomic_add(" in source for source in atomics)
     assert any("tl.int64" in source.split("tl.atomic_add(")[1] for source in atomics)  # the counts
+
+
+# -- crowded rows -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device, index_shape, rows, crowded", [
+    ("cuda", (512, 512), 32, True),  # T5's relative position buckets: 8192 indices a row
+    ("cuda", (16, 512), 2, True),  # BERT's token types
+    ("cuda", (16, 512), 30522, False),  # BERT's words
+    ("cpu", (512, 512), 32, False),  # the C++ target and the interpreter add without contention
+])
+def test_gpu_embedding_backward_with_crowded_rows_stays_aten(device, index_shape, rows, crowded):
+    from types import SimpleNamespace
+
+    from torchfuse.lowering.rules.scatter import _crowded_rows
+
+    indices = SimpleNamespace(shape=index_shape, rank=len(index_shape))
+    reason = _crowded_rows(torch.device(device), indices, rows)
+    assert (reason is not None) == crowded
+    if crowded:
+        assert "sort-based" in reason and f"{rows} rows" in reason
+
+
+@pytest.mark.gpu
+def test_t5_relative_position_bias_backward_on_gpu_runs_atens_kernel():
+    torch.manual_seed(0)
+    buckets = torch.randint(0, 32, (512, 512), device="cuda")
+    grad = torch.randn(512, 512, 8, device="cuda")
+    fn = embedding_backward(32)
+    actual = torchfuse.compile(fn, options={"strict": True})(grad, buckets)
+    assert_close(actual, fn(grad, buckets), reference=fn(grad.double(), buckets))
+    assert "scatter" not in kernel_kinds()
+    assert any("embedding_dense_backward" in op for op in fallbacks()), fallbacks()
