@@ -8,7 +8,8 @@ prints, for one step:
   with torchfuse's decomposition table and with none (``ours`` / ``no table``): fused SDPA ops,
   ``_safe_softmax`` and bmm, with the dtypes of bmm's operands;
 - eager's attention kernels (names with fmha, flash, sdpa, attention or gemm, from the profiler);
-- ``torch._fused_sdp_choice`` for the q/k/v/mask the model's first SDPA call receives.
+- ``torch._fused_sdp_choice`` for the q/k/v/mask the model's first SDPA call receives;
+- what torchfuse's traces chose (``frontend/attention.py``), with the metadata of math choices.
 
     python3 scripts/diagnose_attention.py --cases bert_mlm_train,gpt2_infer
 """
@@ -27,7 +28,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+import torchfuse  # noqa: E402
 from torchfuse.bench.suites import select  # noqa: E402
+from torchfuse.frontend import attention  # noqa: E402
 from torchfuse.frontend.decompositions import decomposition_table  # noqa: E402
 
 ATTENTION = ("scaled_dot_product", "safe_softmax", "bmm")
@@ -102,6 +105,13 @@ def main() -> int:
             workload.make_step(lambda model: torch.compile(model, backend=recording_backend(table, seen)))()
             for kind, ops in seen.items():
                 print(f"  {label} {kind}: {dict(ops) or 'no attention ops'}")
+        torch._dynamo.reset()
+        attention.choices.clear()
+        attention.details.clear()
+        workload.make_step(lambda model: torchfuse.compile(model))()
+        print(f"  torchfuse's traces chose: {dict(attention.choices) or 'no attention call'}")
+        for detail, count in attention.details.items():
+            print(f"    math x{count}: {detail}")
         notes.clear()
         torch._dynamo.reset()
     return 0

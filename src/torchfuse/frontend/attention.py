@@ -35,6 +35,8 @@ FLASH, EFFICIENT, CUDNN = 1, 2, 3
 ATTENTION_CALLS = (torch._C._nn.scaled_dot_product_attention, F.scaled_dot_product_attention)
 # What the traces chose, by name ("cudnn", "math: ..."): for tests and diagnosis.
 choices: Counter = Counter()
+# For each math choice on a CUDA call: the metadata torch decided on.
+details: Counter = Counter()
 
 
 def keep_fused_attention(gm: torch.fx.GraphModule) -> int:
@@ -90,7 +92,13 @@ def backend_choice(query, key, value, dropout_p: float, is_causal: bool, scale: 
     with _disable_current_modes(), torch.set_grad_enabled(grad):
         real = [torch.empty_strided(shape, stride, dtype=dtype, device=device).requires_grad_(needs)
                 for shape, stride, dtype, device, needs in specs]
-        return int(torch._fused_sdp_choice(*real, None, dropout_p, is_causal, scale=scale))
+        choice = int(torch._fused_sdp_choice(*real, None, dropout_p, is_causal, scale=scale))
+        if choice not in _FUSED_CALLS:
+            shape, stride, dtype, device, needs = specs[0]
+            details[f"{choice} for q {shape} strides {stride} {dtype} {device} requires_grad={needs} "
+                    f"grad mode {grad}, dropout {dropout_p}, causal {is_causal}, scale {scale}, "
+                    f"real tensors {type(real[0]).__name__}"] += 1
+        return choice
 
 
 def _cudnn(q, k, v, dropout_p, is_causal, scale, logsumexp):
