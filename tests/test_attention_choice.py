@@ -83,6 +83,46 @@ def test_flash_with_an_odd_head_dim_is_left_to_the_composite_op(chosen):
     assert aten._scaled_dot_product_flash_attention.default not in [n.target for n in gm.graph.nodes]
 
 
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
+def test_cudnn_gets_the_mask_as_the_composite_op_hands_it(chosen, mask_dtype):
+    chosen(attention.CUDNN)
+    q, k, v = _heads()
+    mask = torch.empty(2, 1, 64, 64, dtype=mask_dtype, device="meta")
+    gm = make_fx(lambda q, k, v, m: attention.fused_attention(q, k, v, m))(q, k, v, mask)
+    call = next(n for n in gm.graph.nodes if n.target == aten._scaled_dot_product_cudnn_attention.default)
+    bias = call.args[3]
+    assert bias.meta["val"].dtype == torch.bfloat16
+    assert (bias.target == aten.where.self) == (mask_dtype == torch.bool)
+    assert attention.choices == {"cudnn with a mask": 1}
+
+
+@pytest.mark.parametrize("keys", [64, 60])
+def test_efficient_attention_gets_an_aligned_expanded_bias(chosen, keys):
+    chosen(attention.EFFICIENT)
+    q = _heads()[0]
+    k, v = _heads(seq=keys)[1:]
+    mask = torch.empty(keys, dtype=torch.bool, device="meta")  # broadcast over batch, heads and queries
+    gm = make_fx(lambda q, k, v, m: attention.fused_attention(q, k, v, m))(q, k, v, mask)
+    call = next(n for n in gm.graph.nodes if n.target == aten._scaled_dot_product_efficient_attention.default)
+    bias = call.args[3].meta["val"]
+    assert tuple(bias.shape) == (2, 4, 64, keys) and bias.dtype == torch.bfloat16
+    assert bias.stride(-1) == 1 and all(s % 8 == 0 for s in bias.stride()[:-1])
+
+
+def test_mask_conversions_keep_the_composite_ops_values():
+    """Boolean masks become 0 where attended and -inf (-65504 for cuDNN) elsewhere; padding a
+    bias for alignment keeps its values."""
+    mask = torch.rand(3, 5, 60) > 0.3
+    additive = attention._additive(mask, torch.bfloat16, float("-inf"))
+    assert additive.dtype == torch.bfloat16
+    assert torch.equal(additive == 0, mask) and torch.isinf(additive[~mask]).all()
+    assert attention._additive(mask, torch.float16, -65504.0)[~mask].eq(-65504.0).all()
+    q, k = torch.empty(3, 2, 5, 8), torch.empty(3, 2, 60, 8)
+    aligned = attention._aligned_bias(additive.unsqueeze(1), q, k)
+    assert torch.equal(aligned, additive.unsqueeze(1).expand(3, 2, 5, 60))
+    assert all(s % 8 == 0 for s in aligned.stride()[:-1] if s)
+
+
 def _fake_cuda(**kwargs):
     with FakeTensorMode(allow_non_fake_inputs=True):
         return _heads(device="cuda", **kwargs)
@@ -90,8 +130,8 @@ def _fake_cuda(**kwargs):
 
 @pytest.mark.parametrize("case, reason", [
     ("cpu", "composite: not CUDA"),
-    ("mask", "composite: a mask or grouped-query heads"),
-    ("gqa", "composite: a mask or grouped-query heads"),
+    ("float32 mask", "composite: a mask of another dtype or rank"),
+    ("gqa", "composite: grouped-query heads"),
     ("float32", "composite: not one 16-bit dtype"),
     ("mixed", "composite: not one 16-bit dtype"),
 ])
@@ -99,7 +139,7 @@ def test_calls_a_fused_op_cannot_take_stay_composite(case, reason):
     q, k, v = _heads(device="cpu") if case == "cpu" else _fake_cuda(dtype=torch.float32 if case == "float32" else torch.bfloat16)
     if case == "mixed":
         v = _fake_cuda(dtype=torch.float16)[2]
-    mask = q.new_empty(q.shape[-2], k.shape[-2]) if case == "mask" else None
+    mask = q.new_empty(q.shape[-2], k.shape[-2], dtype=torch.float32) if case == "float32 mask" else None
     assert attention._why_composite(q, k, v, mask, case == "gqa") == reason
 
 
@@ -121,10 +161,13 @@ class SelfAttention(torch.nn.Module):
         super().__init__()
         self.qkv, self.out, self.heads = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim), heads
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
         b, s, d = x.shape
         q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
-        return self.out(F.scaled_dot_product_attention(q, k, v, scale=0.125).transpose(1, 2).reshape(b, s, d))
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(q.dtype)  # an additive mask in the attention's dtype, as transformers makes it
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125)
+        return self.out(attended.transpose(1, 2).reshape(b, s, d))
 
 
 def test_dynamo_graph_calls_are_rewritten_and_compute_the_same_on_cpu():
@@ -148,30 +191,32 @@ def test_cpu_graphs_are_not_rewritten():
 
 
 @pytest.mark.gpu
-def test_autocast_training_on_cuda_runs_a_fused_kernel_with_eager_gradients():
-    """BERT's case: fp32 weights, bf16 autocast, training. The trace takes the fused kernel, and
-    the gradients are as close to float64 as eager's."""
+@pytest.mark.parametrize("mask_kind", [None, "bool", "additive"])
+def test_autocast_training_on_cuda_runs_a_fused_kernel_with_eager_gradients(mask_kind):
+    """BERT's case: fp32 weights, bf16 autocast, training, with or without a padding mask. The
+    trace takes the fused kernel, and the gradients are as close to float64 as eager's."""
     attention.choices.clear()
     torch.manual_seed(0)
     model = SelfAttention(dim=768, heads=12).cuda()
     x = torch.randn(4, 512, 768, device="cuda", requires_grad=True)
+    keep = torch.arange(512, device="cuda") < torch.tensor([512, 400, 300, 17], device="cuda")[:, None]
+    mask = {None: None, "bool": keep[:, None, None, :],
+            "additive": torch.where(keep, 0.0, torch.finfo(torch.bfloat16).min)[:, None, None, :]}[mask_kind]
 
-    def step(fn):
+    def step(fn, model, x, mask):
         for p in (*model.parameters(), x):
             p.grad = None
-        with torch.autocast("cuda", torch.bfloat16):
-            out = fn(x)
+        with torch.autocast("cuda", torch.bfloat16, enabled=x.dtype == torch.float32):
+            out = fn(x, mask)
         out.float().square().mean().backward()
         return [out.detach(), x.grad, *(p.grad for p in model.parameters())]
 
-    eager = step(model)
-    compiled = step(torchfuse.compile(model, options={"strict": True}))
+    eager = step(model, model, x, mask)
+    compiled = step(torchfuse.compile(model, options={"strict": True}), model, x, mask)
     assert attention.choices and all(not name.startswith(("math", "composite")) for name in attention.choices), \
-        attention.choices
+        (attention.choices, attention.details)
     model64 = SelfAttention(dim=768, heads=12).cuda().double()
     model64.load_state_dict(model.state_dict())
     x64 = x.detach().double().requires_grad_()
-    out64 = model64(x64)
-    out64.square().mean().backward()
-    reference = [out64.detach(), x64.grad, *(p.grad for p in model64.parameters())]
+    reference = step(model64, model64, x64, mask if mask is None or mask.dtype == torch.bool else mask.double())
     assert_close(compiled, eager, torch.bfloat16, reference=to_float64(reference))

@@ -15,8 +15,10 @@ that kernel's op directly, as the composite op would; otherwise it calls the com
 before. The fused ops have their own backward (derivatives.yaml), which aot_autograd traces,
 and run as ATen calls (lowering/extern.py).
 
-Calls with a mask or grouped-query heads keep the composite op: the composite op rewrites masks
-(boolean to additive, padded to aligned rows) and expands heads before a fused kernel sees them.
+A mask is handed to the fused op as the composite op would hand it (boolean to additive,
+aligned rows for memory-efficient attention). Calls with grouped-query heads keep the composite
+op. Under compile, transformers' BERT passes a mask even when eager's call has none (it cannot
+tell at trace time that every token attends), so masked calls matter as much as unmasked ones.
 """
 from __future__ import annotations
 
@@ -54,28 +56,31 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """``F.scaled_dot_product_attention``, calling the fused kernel eager would choose directly."""
     reason = _why_composite(query, key, value, attn_mask, enable_gqa)
-    backend = None if reason else backend_choice(query, key, value, dropout_p, is_causal, scale)
+    backend = None if reason else backend_choice(query, key, value, attn_mask, dropout_p, is_causal, scale)
     call = _FUSED_CALLS.get(backend)
-    if call is None or (backend == FLASH and query.shape[-1] % 8):  # flash pads odd head dims itself
+    if call is None or (backend == FLASH and (query.shape[-1] % 8 or attn_mask is not None)):
+        # the composite op pads odd head dims for flash itself; flash takes no mask on CUDA
         choices[reason or f"math: torch chose backend {backend}"] += 1
         return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    choices[_NAMES[backend]] += 1
-    return call(query, key, value, dropout_p, is_causal, scale, _needs_logsumexp(query, key, value))
+    choices[_NAMES[backend] + (" with a mask" if attn_mask is not None else "")] += 1
+    return call(query, key, value, attn_mask, dropout_p, is_causal, scale, _needs_logsumexp(query, key, value))
 
 
 def _why_composite(query, key, value, attn_mask, enable_gqa) -> str | None:
     if query.device.type != "cuda":
         return "composite: not CUDA"
-    if attn_mask is not None or enable_gqa:
-        return "composite: a mask or grouped-query heads"
-    tensors = (query, key, value)
+    if enable_gqa:
+        return "composite: grouped-query heads"
+    tensors = (query, key, value, *([] if attn_mask is None else [attn_mask]))
     if any(not isinstance(size, int) for t in tensors for size in (*t.shape, *t.stride())):
         return "composite: symbolic shapes"
-    if len({t.dtype for t in tensors}) != 1 or query.dtype not in (torch.float16, torch.bfloat16):
+    if len({t.dtype for t in tensors[:3]}) != 1 or query.dtype not in (torch.float16, torch.bfloat16):
         return "composite: not one 16-bit dtype"  # autocast casts for the composite op only
     if torch.is_autocast_enabled("cuda") and query.dtype != torch.get_autocast_dtype("cuda"):
         return "composite: autocast would cast"
+    if attn_mask is not None and (attn_mask.dtype not in (torch.bool, query.dtype) or attn_mask.dim() > 4):
+        return "composite: a mask of another dtype or rank"
     return None
 
 
@@ -84,34 +89,57 @@ def _needs_logsumexp(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def backend_choice(query, key, value, dropout_p: float, is_causal: bool, scale: float | None) -> int:
+def backend_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale: float | None) -> int:
     """``torch._fused_sdp_choice`` on real, uninitialised tensors with the traced ones' metadata
     (the choice reads only metadata; the tensors live for the call)."""
     grad = _needs_logsumexp(query, key, value)
-    specs = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.requires_grad) for t in (query, key, value)]
+    tensors = (query, key, value, *([] if attn_mask is None else [attn_mask]))
+    specs = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.requires_grad) for t in tensors]
     with _disable_current_modes(), torch.set_grad_enabled(grad):
         real = [torch.empty_strided(shape, stride, dtype=dtype, device=device).requires_grad_(needs)
                 for shape, stride, dtype, device, needs in specs]
-        choice = int(torch._fused_sdp_choice(*real, None, dropout_p, is_causal, scale=scale))
+        mask = real[3] if attn_mask is not None else None
+        choice = int(torch._fused_sdp_choice(*real[:3], mask, dropout_p, is_causal, scale=scale))
         if choice not in _FUSED_CALLS:
             shape, stride, dtype, device, needs = specs[0]
             details[f"{choice} for q {shape} strides {stride} {dtype} {device} requires_grad={needs} "
-                    f"grad mode {grad}, dropout {dropout_p}, causal {is_causal}, scale {scale}, "
-                    f"real tensors {type(real[0]).__name__}"] += 1
+                    f"grad mode {grad}, mask {specs[3][:3] if mask is not None else None}, dropout {dropout_p}, "
+                    f"causal {is_causal}, scale {scale}, real tensors {type(real[0]).__name__}"] += 1
         return choice
 
 
-def _cudnn(q, k, v, dropout_p, is_causal, scale, logsumexp):
-    return aten._scaled_dot_product_cudnn_attention(q, k, v, None, logsumexp, dropout_p, is_causal, False,
+# Each fused call takes its mask as the composite op hands it over (aten/.../attention.cpp):
+# boolean masks become additive ones, -65504 for cuDNN (its -inf issue) and -inf otherwise, and
+# memory-efficient attention gets rows aligned to 8 elements, expanded to [B, H, L, S].
+def _additive(mask: torch.Tensor | None, dtype: torch.dtype, masked_out: float) -> torch.Tensor | None:
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.where(mask.logical_not(), masked_out, torch.zeros((), dtype=dtype, device=mask.device))
+
+
+def _aligned_bias(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    aligned = mask.stride(-1) == 1 and all(stride % 8 == 0 for stride in mask.stride()[:-1])
+    if not aligned:
+        length = mask.shape[-1]
+        mask = F.pad(mask, (0, 8 - length % 8))[..., :length]
+    return mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+
+
+def _cudnn(q, k, v, mask, dropout_p, is_causal, scale, logsumexp):
+    mask = _additive(mask, q.dtype, -65504.0)
+    return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, logsumexp, dropout_p, is_causal, False,
                                                     scale=scale)[0]
 
 
-def _flash(q, k, v, dropout_p, is_causal, scale, logsumexp):
+def _flash(q, k, v, mask, dropout_p, is_causal, scale, logsumexp):
     return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
 
 
-def _efficient(q, k, v, dropout_p, is_causal, scale, logsumexp):
-    return aten._scaled_dot_product_efficient_attention(q, k, v, None, logsumexp, dropout_p, is_causal,
+def _efficient(q, k, v, mask, dropout_p, is_causal, scale, logsumexp):
+    mask = _additive(mask, q.dtype, float("-inf"))
+    if mask is not None:
+        mask = _aligned_bias(mask, q, k)
+    return aten._scaled_dot_product_efficient_attention(q, k, v, mask, logsumexp, dropout_p, is_causal,
                                                         scale=scale)[0]
 
 
