@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import torch  # noqa: E402
 
 import torchfuse  # noqa: E402
+from torchfuse.bench.bandwidth import kernel_function_name  # noqa: E402
 from torchfuse.bench.compile_time import compiler_for, use_fresh_caches  # noqa: E402
 from torchfuse.bench.profile import _kernel_times  # noqa: E402
 from torchfuse.bench.suites import select  # noqa: E402
@@ -55,13 +56,10 @@ def kernel_sources() -> dict[str, str]:
     found = {}
     for graph in torchfuse.report().graphs:
         for kernel in graph.kernels:
-            if kernel.source:
-                for line in kernel.source.splitlines():
-                    # the kernel itself, not the helpers (_floordiv_float, _add, ...) before it
-                    if line.startswith("def tf_"):
-                        body = kernel.source[kernel.source.index(line):]  # without the shared helpers
-                        found[line[4:].split("(")[0]] = f"# graph {graph.name}, kernel {kernel.name}\n{body}"
-                        break
+            name = kernel_function_name(kernel.source)
+            if name is not None:  # the kernel itself, without the helpers (_add, ...) before it
+                body = kernel.source[kernel.source.index(f"def {name}("):]
+                found[name] = f"# graph {graph.name}, kernel {kernel.name}\n{body}"
     return found
 
 

@@ -8,7 +8,9 @@ the -max-autotune ones mode="max-autotune" (autotuning happens in the three sett
 before anything is profiled).
 
 Per case and backend: wall ms per step, summed GPU kernel ms, wall/GPU, kernel launches, host ms
-to issue the step and host microseconds per launch; then torchfuse's top kernels. Prints a table
+to issue the step and host microseconds per launch; then torchfuse's top kernels, and its
+generated kernels' bandwidth against a copy (bench/bandwidth.py: the worst three of 64 MB or
+more are printed, every kernel's is in profile.json). Prints a table
 and writes profile.json. torchfuse's launch counters say how many launches went straight to a
 compiled binary. With --host-profile N, N more steps of each backend run under cProfile
 (host_<case>_<backend>.txt: the functions by own time and by cumulative time), to see where
@@ -35,6 +37,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import torch  # noqa: E402
 
+import torchfuse  # noqa: E402
+from torchfuse.bench import bandwidth  # noqa: E402
+from torchfuse.bench.measure import copy_bandwidth_gbs  # noqa: E402
 from torchfuse.bench.runner import BACKENDS  # noqa: E402
 from torchfuse.bench.suites import select  # noqa: E402
 from torchfuse.bench.compile_time import compiler_for, use_fresh_caches, warm_up_compilers  # noqa: E402
@@ -116,6 +121,7 @@ def main() -> int:
         print(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
         return 2
     warm_up_compilers(backends, device)
+    copy_gbs = copy_bandwidth_gbs(device)
     rows, tops, failures = [], {}, {}
     for case in select("models", device, set(filter(None, args.cases.split(","))) or None):
         if case.missing():
@@ -143,9 +149,11 @@ def main() -> int:
         for backend, profile in profiles.items():
             rows.append((case.name, backend, profile))
             if backend.startswith("torchfuse"):
+                sizes = bandwidth.generated_kernel_bytes(torchfuse.report().graphs)
                 tops[case.name if backend == "torchfuse" else f"{case.name} ({backend})"] = {
                     "top": [asdict(k) for k in profile.top], "direct": launch.stats.direct - before[0],
-                    "through_triton": launch.stats.through_triton - before[1]}
+                    "through_triton": launch.stats.through_triton - before[1],
+                    "bandwidth": [row.as_dict() for row in bandwidth.kernel_bandwidths(profile.top, sizes, copy_gbs)]}
         for backend, step in steps.items():
             if args.host_profile:
                 host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
@@ -158,12 +166,14 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps({
         "rows": [{"case": c, "backend": b, **asdict(p), "host_us_per_launch": p.host_us_per_launch}
-                 for c, b, p in rows], "torchfuse_top": tops, "failures": failures}, indent=1))
+                 for c, b, p in rows], "torchfuse_top": tops, "failures": failures, "copy_gbs": copy_gbs}, indent=1))
     for case, info in tops.items():
         print(f"\n{case}: torchfuse launches (all torchfuse backends of the case) direct {info['direct']}, "
               f"through Triton {info['through_triton']}")
         for kernel in info["top"][:5]:
             print(f"  {kernel['ms']:8.3f} ms  x{kernel['calls']:.0f}  {kernel['name']}")
+        print("  " + bandwidth.format_bandwidths(case, [bandwidth.KernelBandwidth(**row) for row in info["bandwidth"]])
+              + f" (copy {copy_gbs:.0f} GB/s)")
     for name, failure in failures.items():
         print(f"FAILED {name}: {failure}")
     print()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from torchfuse.bench.bandwidth import format_bandwidths
 from torchfuse.bench.profile import StepProfile, format_profiles
 from torchfuse.runtime import cpp_build
 
@@ -243,6 +244,7 @@ def markdown(results: list[CaseResult], env: dict[str, str], copy_gbs: float, re
                   "```", format_profiles(profiled), "```"]
         lines += [f"- {case} / {backend}: top kernels " + "; ".join(f"{k.name} {k.ms:.3f} ms x{k.calls:.0f}"
                                                               for k in p.top[:5]) for case, backend, p in profiled]
+        lines += [f"- {line}" for line in bandwidth_lines(results, copy_gbs)]
     problems = problem_lines(results)
     if problems:
         lines += ["", "Problems:", *(f"- {line}" for line in problems)]
@@ -266,6 +268,8 @@ def print_table(results: list[CaseResult], copy_gbs: float) -> None:
     profiled = profile_rows(results)
     if profiled:
         console.print(format_profiles(profiled), highlight=False)
+        for line in bandwidth_lines(results, copy_gbs):
+            console.print(line, highlight=False)
     problems = problem_lines(results)
     if problems:
         from rich.markup import escape
@@ -273,6 +277,13 @@ def print_table(results: list[CaseResult], copy_gbs: float) -> None:
         console.print("[red]Problems:[/red]")
         for line in problems:  # messages quote shapes like [2, 3]: not markup
             console.print(f"[red]- {escape(line)}[/red]", highlight=False)
+
+
+def bandwidth_lines(results: list[CaseResult], copy_gbs: float) -> list[str]:
+    """Per profiled case and torchfuse backend: its worst generated kernels of 64 MB or more
+    against the copy bandwidth (bench/bandwidth.py)."""
+    return [f"{format_bandwidths(f'{r.case} / {backend}', rows)} (copy {copy_gbs:.0f} GB/s)"
+            for r in results for backend, rows in r.bandwidths.items()]
 
 
 def profile_rows(results: list[CaseResult]) -> list[tuple[str, str, StepProfile]]:

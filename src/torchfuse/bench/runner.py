@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import torchfuse
-from torchfuse.bench import compile_time, measure, output, profile
+from torchfuse.bench import bandwidth, compile_time, measure, output, profile
 from torchfuse.diagnostics.compile_times import compile_events
 from torchfuse.bench.cases import Case, Workload
 from torchfuse.bench.suites import select
@@ -71,6 +71,8 @@ class CaseResult:
     tf_fallbacks: list[str] = field(default_factory=list)  # graphs torchfuse ran with ATen, and why
     # --profile on a GPU: backend -> bench.profile.StepProfile (wall vs GPU time, launches)
     profiles: dict[str, profile.StepProfile] = field(default_factory=dict)
+    # --profile: torchfuse backend -> its generated kernels' bandwidth (bench/bandwidth.py)
+    bandwidths: dict[str, list[bandwidth.KernelBandwidth]] = field(default_factory=dict)
 
     def speedup(self, backend: str) -> float:
         return self.ms["eager"] / self.ms[backend] if {"eager", backend} <= self.ms.keys() else math.nan
@@ -155,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     compile_time.use_fresh_caches()  # cold means cold; the warm process reuses these directories
 
     env = output.environment(device)
-    copy_gbs = measure.copy_bandwidth_gbs(device) if any(c.suite == "micro" for c in cases) else math.nan
+    profiled = args.profile and device.type == "cuda"
+    copy_gbs = measure.copy_bandwidth_gbs(device) if profiled or any(c.suite == "micro" for c in cases) else math.nan
     compile_time.warm_up_compilers(backends, device)
-    results = run_cases(cases, backends, device, args.quick, repeats, args.profile and device.type == "cuda")
+    results = run_cases(cases, backends, device, args.quick, repeats, profiled, copy_gbs)
     if not args.no_warm:
         ran = [r.case for r in results if not r.skipped and not r.errors]  # a failing case would end the child
         warm = compile_time.measure_warm(ran, backends, device, args.quick)
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_cases(cases: list[Case], backends: list[str], device: torch.device, quick: bool,
-              repeats: int, profiled: bool = False) -> list[CaseResult]:
+              repeats: int, profiled: bool = False, copy_gbs: float = math.nan) -> list[CaseResult]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -190,7 +193,7 @@ def run_cases(cases: list[Case], backends: list[str], device: torch.device, quic
         for case in cases:
             progress.update(task, description=f"{case.name}")
             result = run_case(case, backends, device, quick, repeats, lambda what: progress.update(
-                task, description=f"{case.name}: {what}"), profiled)
+                task, description=f"{case.name}: {what}"), profiled, copy_gbs)
             console.print(_one_line(result))
             results.append(result)
             progress.advance(task)
@@ -198,7 +201,7 @@ def run_cases(cases: list[Case], backends: list[str], device: torch.device, quic
 
 
 def run_case(case: Case, backends: list[str], device: torch.device, quick: bool, repeats: int,
-             status: Any = print, profiled: bool = False) -> CaseResult:
+             status: Any = print, profiled: bool = False, copy_gbs: float = math.nan) -> CaseResult:
     result = CaseResult(case.name, case.suite)
     missing = case.missing()
     if missing:
@@ -225,7 +228,10 @@ def run_case(case: Case, backends: list[str], device: torch.device, quick: bool,
     result.tf_compiles_while_timed = compile_events() - compiles_before
     if profiled and "timing" not in result.errors:
         status("profiling")
-        result.profiles = profile.profile_steps(steps)
+        result.profiles = profile.profile_steps(steps, top=400)
+        sizes = bandwidth.generated_kernel_bytes(torchfuse.report().graphs)
+        result.bandwidths = {backend: bandwidth.kernel_bandwidths(p.top, sizes, copy_gbs)
+                             for backend, p in result.profiles.items() if backend.startswith("torchfuse")}
     del steps
     if _runs_torchfuse(backends):  # after timing too: a recompile while timing counts
         _record_torchfuse_graphs(result, graphs_before)
