@@ -62,6 +62,16 @@ def generated_split(rows: list) -> str:
     return "\n".join(lines)
 
 
+def autotune_gains(count: int = 30) -> list[dict]:
+    """The tuned launches whose chosen config beat the default the most (max-autotune timed
+    both): which default block sizes leave the most on the table."""
+    entries = [e for g in torchfuse.report().graphs for e in g.autotune
+               if e.microseconds is not None and e.default_microseconds is not None]
+    entries.sort(key=lambda e: e.microseconds - e.default_microseconds)
+    return [{"kernel": e.kernel, "sizes": e.sizes, "default": e.default, "default_us": e.default_microseconds,
+             "chosen": e.config, "chosen_us": e.microseconds} for e in entries[:count]]
+
+
 def host_profile(step, steps: int, path: Path) -> None:
     """``steps`` calls of ``step`` under cProfile, written to ``path``: the top functions by own
     time, then by cumulative time (cProfile slows Python calls, so read shares, not microseconds)."""
@@ -153,7 +163,8 @@ def main() -> int:
                 tops[case.name if backend == "torchfuse" else f"{case.name} ({backend})"] = {
                     "top": [asdict(k) for k in profile.top], "direct": launch.stats.direct - before[0],
                     "through_triton": launch.stats.through_triton - before[1],
-                    "bandwidth": [row.as_dict() for row in bandwidth.kernel_bandwidths(profile.top, sizes, copy_gbs)]}
+                    "bandwidth": [row.as_dict() for row in bandwidth.kernel_bandwidths(profile.top, sizes, copy_gbs)],
+                    "autotune_gains": autotune_gains() if "max-autotune" in backend else []}
         for backend, step in steps.items():
             if args.host_profile:
                 host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
