@@ -56,3 +56,15 @@ def test_looped_reduction_matches_eager():
     x = torch.randn(3, 9000, device=DEVICE)  # longer than a persistent row
     compiled = compile_strict(scaled_softmax)
     assert_close(compiled(x), scaled_softmax(x), reference=scaled_softmax(x.double()))
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_backward", "grouped_heads_sum"])
+def test_reduction_micro_cases_match_float64(name):
+    """The bench's micro cases for slow reduction shapes (a norm's weight gradient, grouped-query
+    heads' gradient sums), at the test size, against float64."""
+    from torchfuse.bench.patterns import BY_NAME, to_reference
+
+    pattern = BY_NAME[name]
+    inputs = pattern.make_inputs(DEVICE, torch.float32, "small", seed=3)
+    compiled = compile_strict(pattern.fn)
+    assert_close(compiled(*inputs), pattern.fn(*inputs), reference=pattern.fn(*to_reference(inputs)))
