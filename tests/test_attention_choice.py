@@ -92,7 +92,7 @@ def test_cudnn_gets_the_mask_as_the_composite_op_hands_it(chosen, mask_dtype):
     call = next(n for n in gm.graph.nodes if n.target == aten._scaled_dot_product_cudnn_attention.default)
     bias = call.args[3]
     assert bias.meta["val"].dtype == torch.bfloat16
-    assert (bias.target == aten.where.self) == (mask_dtype == torch.bool)
+    assert bias.meta["val"].is_contiguous()
     assert attention.choices == {"cudnn with a mask": 1}
 
 
@@ -107,6 +107,17 @@ def test_efficient_attention_gets_an_aligned_expanded_bias(chosen, keys):
     bias = call.args[3].meta["val"]
     assert tuple(bias.shape) == (2, 4, 64, keys) and bias.dtype == torch.bfloat16
     assert bias.stride(-1) == 1 and all(s % 8 == 0 for s in bias.stride()[:-1])
+
+
+def test_the_choice_sees_the_dense_additive_mask_the_kernel_gets(monkeypatch):
+    """A mask broadcast by zero strides is chosen for, and passed, as a dense additive copy."""
+    seen = []
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, k, v, mask, *args, **kwargs:
+                        seen.append((mask.dtype, mask.shape, mask.stride())) or 0)
+    q, k, v = _heads(device="cpu")
+    expanded = torch.ones(2, 1, 1, 64, dtype=torch.bool).expand(2, 1, 64, 64)
+    attention.backend_choice(q, k, v, expanded, 0.0, False, None)
+    assert seen == [(torch.bfloat16, (2, 1, 64, 64), (4096, 4096, 64, 1))]
 
 
 def test_mask_conversions_keep_the_composite_ops_values():
