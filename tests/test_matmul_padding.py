@@ -95,6 +95,29 @@ def test_an_inference_result_only_returned_keeps_the_padded_stride():
     assert torch.equal(got, want)
 
 
+def test_a_result_returned_through_a_reshape_of_its_rows_keeps_the_padded_stride():
+    """GPT-2's logits leave the graph as ``_unsafe_view(mm, [batch, tokens, vocab])``."""
+    def lm_head(a, w):
+        return torch.ops.aten._unsafe_view(torch.mm(a, w.t()), [8, 512, 50257])
+
+    gm = _traced_for_cuda(lm_head, (4096, 768), (50257, 768))
+    assert pad_unaligned_matmuls(gm, padded_outputs=True) == 1
+    assert not any(n.target is aten.clone.default for n in gm.graph.nodes)
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    assert out.target is aten.view.default and out.meta["val"].stride() == (512 * 50264, 50264, 1)
+    gen = torch.Generator().manual_seed(4)
+    a, w = (torch.randn(shape, generator=gen).bfloat16() for shape in ((4096, 768), (50257, 768)))
+    got, want = gm(a, w), lm_head(a, w)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_a_reshape_across_rows_keeps_eager_layout():
+    gm = _traced_for_cuda(lambda a, w: torch.mm(a, w.t()).reshape(-1), (4096, 768), (50257, 768))
+    assert pad_unaligned_matmuls(gm, padded_outputs=True) == 1
+    assert any(n.target is aten.clone.default for n in gm.graph.nodes)
+
+
 def test_a_result_also_read_in_the_graph_or_from_a_forward_graph_keeps_eager_layout():
     def returned_and_used(a, w):
         logits = torch.mm(a, w.t())
@@ -107,12 +130,14 @@ def test_a_result_also_read_in_the_graph_or_from_a_forward_graph_keeps_eager_lay
 
 
 @pytest.mark.gpu
-def test_gpt2_like_logits_are_held_once_at_the_peak():
+@pytest.mark.parametrize("batch", [(), (2,)], ids=["2d", "3d"])
+def test_gpt2_like_logits_are_held_once_at_the_peak(batch):
     """An LM head's logits returned from an inference graph: one result at the peak, not two,
     and no padded copy of the weight (77 MB at GPT-2's size): the peak is eager's (the padded
-    rows add 7 columns, 29 KB, to the 206 MB result)."""
+    rows add 7 columns, 29 KB, to the 206 MB result). A 3-D input makes the logits a view of
+    the matmul's result ([2, 1024, 50257]), as in GPT-2."""
     gen = torch.Generator().manual_seed(2)
-    a = torch.randn(2048, 768, generator=gen).to("cuda", torch.bfloat16)
+    a = torch.randn(*batch, 2048 // (batch[0] if batch else 1), 768, generator=gen).to("cuda", torch.bfloat16)
     w = torch.randn(50257, 768, generator=gen).to("cuda", torch.bfloat16)
 
     def head(a, w):
@@ -140,6 +165,6 @@ def test_gpt2_like_logits_are_held_once_at_the_peak():
         error = (got.double() - exact).abs().max().item()
     assert error <= 1.5 * eager_error, (error, eager_error)
     del exact
-    assert got.stride() == (50264, 1)
+    assert got.stride()[-2:] == (50264, 1)
     padded_rows = 2048 * 7 * 2
     assert compiled_peak <= eager_peak + padded_rows + (1 << 20), (compiled_peak, eager_peak)
