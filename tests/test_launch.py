@@ -58,6 +58,9 @@ def test_block_sizes_follow_the_sizes():
     assert reduction_config(False, 72, 896, outer=True) == launch.Config(3, (32, 128), 8)
     assert reduction_config(True, 2048, 128, outer=True) == launch.Config(64, (32, 128), 8)
     assert reduction_config(True, 256, 64, outer=True) == launch.Config(4, (64, 64), 8)  # small: tiles kept
+    # A few reduced elements (grouped-query heads' gradients, 4 a group): longer lanes, 2048 a tile.
+    assert reduction_config(True, 1 << 20, 4, outer=True) == launch.Config(2048, (512, 4), 8)
+    assert reduction_config(True, 65_536, 4, outer=True) == launch.Config(512, (128, 4), 4)  # fills the GPU first
 
 
 def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary():
