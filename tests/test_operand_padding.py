@@ -53,6 +53,22 @@ def test_lm_head_backward_shares_one_padded_gradient_and_keeps_eager_values():
     assert_close(list(got), list(want), reference=list(reference))
 
 
+def test_the_padded_copy_is_made_at_its_first_matmul_and_earlier_sums_read_the_source():
+    def weight_first(w, g, x):
+        early = g.sum(0)  # before any matmul: reads g itself
+        return early, g @ w, g.t() @ x
+
+    gm = _traced_for_cuda(weight_first, (30522, 768), (8192, 30522), (8192, 768))
+    assert pad_unaligned_operands(gm) == 2
+    order = [n for n in gm.graph.nodes]
+    first_mm = next(i for i, n in enumerate(order) if n.target is aten.mm.default)
+    pads = [i for i, n in enumerate(order) if n.target is aten.constant_pad_nd.default]
+    assert all(first_mm - 4 <= i < first_mm for i in pads)  # next to the first matmul, not at the inputs
+    total = next(n for n in order if n.target is aten.sum.dim_IntList)
+    assert total.args[0].op == "placeholder"  # the early sum still reads g
+    gm.graph.lint()
+
+
 @pytest.mark.parametrize("why, fn, shapes, dtype", [
     ("aligned", lambda g, w, x: (g @ w, g.t() @ x), ((8192, 30528), (30528, 768), (8192, 768)), torch.bfloat16),
     ("float32", lambda g, w, x: (g @ w, g.t() @ x), ((8192, 30522), (30522, 768), (8192, 768)), torch.float32),

@@ -124,10 +124,11 @@ def _padded_operand(graph: torch.fx.Graph, operand: torch.fx.Node, padding: dict
         source, transposed = _source_of(operand)
         key = (source, 1 - dim if transposed else dim)
         if key not in pads:
-            with graph.inserting_after(source):
-                spec = [0, amount] if key[1] == 1 else [0, 0, 0, amount]
-                pads[key] = graph.call_function(aten.constant_pad_nd.default, (source, spec, 0.0))
-                _trace(pads[key])
+            # Made before its first matmul, not after the source: a weight's padded copy would
+            # live from the graph's start.
+            spec = [0, amount] if key[1] == 1 else [0, 0, 0, amount]
+            pads[key] = graph.call_function(aten.constant_pad_nd.default, (source, spec, 0.0))
+            _trace(pads[key])
         operand = pads[key]
         if transposed:
             operand = graph.call_function(aten.t.default, (operand,))
@@ -146,11 +147,13 @@ def _source_of(operand: torch.fx.Node) -> tuple[torch.fx.Node, bool]:
 
 
 def _read_padded_sources(graph: torch.fx.Graph, pads: dict[tuple[torch.fx.Node, int], torch.fx.Node]) -> None:
-    """Sums over a source padded along its columns read the padded copy's first columns."""
+    """Sums over a source padded along its columns, after the padded copy, read its first columns."""
+    position = {node: i for i, node in enumerate(graph.nodes)}
     for (source, dim), padded in pads.items():
         if dim != 1 or source.op != "call_function":
             continue
-        readers = [user for user in source.users if user.target in STRIDE_AGNOSTIC_READERS]
+        readers = [user for user in source.users
+                   if user.target in STRIDE_AGNOSTIC_READERS and position[user] > position[padded]]
         if not readers:
             continue
         with graph.inserting_after(padded):
