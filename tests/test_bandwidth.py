@@ -28,11 +28,11 @@ def compiled_kernel_name(compile_target):
 def test_a_kernel_is_named_as_the_profiler_shows_it_and_sized_from_the_report(compiled_kernel_name):
     assert compiled_kernel_name.startswith("tf_poi_")
     sizes = bandwidth.generated_kernel_bytes(torchfuse.report().graphs)
-    assert sizes == {compiled_kernel_name: 2 * 512 * 1024 * 4}
+    assert sizes == {compiled_kernel_name: [2 * 512 * 1024 * 4]}
 
 
 def test_bandwidth_is_bytes_over_time_per_call_slowest_share_first():
-    sizes = {"tf_a": 100 << 20, "tf_b": 10 << 20}
+    sizes = {"tf_a": [100 << 20], "tf_b": [10 << 20]}
     kernels = [KernelTime("tf_a", 0.4, 2), KernelTime("tf_b", 0.01, 1), KernelTime("nvjet_gemm", 1.0, 3)]
     rows = bandwidth.kernel_bandwidths(kernels, sizes, copy_gbs=4000.0)
     assert [r.name for r in rows] == ["tf_a", "tf_b"]  # cuBLAS's GEMM has no size here
@@ -45,13 +45,19 @@ def test_bandwidth_is_bytes_over_time_per_call_slowest_share_first():
     assert "tf_a 100 MB in 200.0 us" in line and "< 70%" in line
 
 
-def test_a_name_moving_different_amounts_is_left_out():
-    def graph(moved):
-        kernel = SimpleNamespace(source="@triton.jit\ndef tf_red_x(ptr0):\n    pass", bytes_read=moved, bytes_written=8)
-        return SimpleNamespace(kernels=[kernel])
+def test_a_kernel_run_at_several_sizes_gets_the_mean_of_its_calls():
+    """A size-generic kernel (a flat pointwise one) under one name: each size runs once a step."""
+    def graph(*moved):
+        kernels = [SimpleNamespace(source="@triton.jit\ndef tf_poi_x(ptr0):\n    pass", bytes_read=m, bytes_written=8)
+                   for m in moved]
+        return SimpleNamespace(kernels=kernels)
 
-    assert bandwidth.generated_kernel_bytes([graph(64), graph(64)]) == {"tf_red_x": 72}
-    assert bandwidth.generated_kernel_bytes([graph(64), graph(128)]) == {}
+    sizes = bandwidth.generated_kernel_bytes([graph(64, 128), graph(192)])
+    assert sizes == {"tf_poi_x": [72, 136, 200]}
+    (row,) = bandwidth.kernel_bandwidths([KernelTime("tf_poi_x", 0.003, 3)], sizes, 1000.0)
+    assert row.bytes == 136 and row.us_per_call == pytest.approx(1.0)
+    # calls that do not split evenly over the sizes: no figure rather than a guess
+    assert bandwidth.kernel_bandwidths([KernelTime("tf_poi_x", 0.003, 4)], sizes, 1000.0) == []
     assert bandwidth.generated_kernel_bytes([graph(None)]) == {}
 
 
@@ -59,7 +65,7 @@ def test_bench_output_lists_the_worst_big_kernels_per_torchfuse_backend(capsys):
     result = runner.CaseResult("bert_mlm_train", "models")
     result.profiles = {"torchfuse": StepProfile(4.0, 2.5, 3.5, 100, [KernelTime("tf_red_1", 1.0, 1)])}
     result.bandwidths = {"torchfuse": bandwidth.kernel_bandwidths(result.profiles["torchfuse"].top,
-                                                                  {"tf_red_1": 2 << 30}, 4000.0)}
+                                                                  {"tf_red_1": [2 << 30]}, 4000.0)}
     text = output.markdown([result], {}, 4000.0, 1, True)
     assert "bert_mlm_train / torchfuse: worst kernels of 64 MB or more: tf_red_1 2048 MB in 1000.0 us" in text
     output.print_table([result], math.nan)

@@ -26,7 +26,7 @@ TARGET_SHARE = 0.70
 class KernelBandwidth:
     name: str
     us_per_call: float
-    bytes: int  # per call
+    bytes: int  # per call (the mean, for a kernel that runs at several sizes)
     gbs: float  # GB/s (1e9 bytes a second)
     share: float  # of the copy bandwidth
 
@@ -43,34 +43,44 @@ def kernel_function_name(source: str | None) -> str | None:
     return None
 
 
-def generated_kernel_bytes(graphs: Iterable[Any]) -> dict[str, int]:
-    """Function name -> bytes one launch moves, for every generated kernel of the report's
-    ``graphs`` whose sizes are known. A name whose launches move different amounts (the same
-    source compiled for two sizes) is left out: its bandwidth would be a guess."""
-    found: dict[str, int | None] = {}
+def generated_kernel_bytes(graphs: Iterable[Any]) -> dict[str, list[int]]:
+    """Function name -> the bytes each of its kernels moves a launch, for the generated kernels of
+    the report's ``graphs`` (one case's graphs: a size-generic kernel, a flat pointwise one say,
+    runs at several sizes under one name). Names with a kernel of unknown size are left out."""
+    found: dict[str, list[int | None]] = {}
     for graph in graphs:
         for kernel in graph.kernels:
             name = kernel_function_name(kernel.source)
-            read, written = kernel.bytes_read, kernel.bytes_written
-            if name is None:
-                continue
-            moved = None if read is None or written is None else read + written
-            if name in found and found[name] != moved:
-                moved = None
-            found[name] = moved
-    return {name: moved for name, moved in found.items() if moved}
+            if name is not None:
+                read, written = kernel.bytes_read, kernel.bytes_written
+                found.setdefault(name, []).append(None if read is None or written is None else read + written)
+    return {name: sizes for name, sizes in found.items() if None not in sizes}  # type: ignore[misc]
 
 
-def kernel_bandwidths(kernels: Iterable[KernelTime], sizes: dict[str, int], copy_gbs: float) -> list[KernelBandwidth]:
+def bytes_per_call(sizes: list[int], calls: float) -> float | None:
+    """The mean bytes of a profiled kernel's calls: exact when its kernels all move the same, or
+    when each runs equally often (the calls a multiple of the kernels); None otherwise."""
+    if len(set(sizes)) == 1:
+        return float(sizes[0])
+    whole = round(calls)
+    if whole and abs(calls - whole) < 1e-6 and whole % len(sizes) == 0:
+        return sum(sizes) / len(sizes)
+    return None
+
+
+def kernel_bandwidths(kernels: Iterable[KernelTime], sizes: dict[str, list[int]], copy_gbs: float) -> list[KernelBandwidth]:
     """The bandwidth of each profiled kernel whose bytes are known, slowest share first."""
     rows = []
     for kernel in kernels:
-        moved = sizes.get(kernel.name)
-        if moved is None or kernel.calls <= 0 or kernel.ms <= 0:
+        if kernel.name not in sizes or kernel.calls <= 0 or kernel.ms <= 0:
+            continue
+        moved = bytes_per_call(sizes[kernel.name], kernel.calls)
+        if moved is None:
             continue
         seconds = kernel.ms / 1e3 / kernel.calls
         gbs = moved / seconds / 1e9
-        rows.append(KernelBandwidth(kernel.name, seconds * 1e6, moved, gbs, gbs / copy_gbs if copy_gbs else float("nan")))
+        rows.append(KernelBandwidth(kernel.name, seconds * 1e6, int(moved), gbs,
+                                    gbs / copy_gbs if copy_gbs else float("nan")))
     return sorted(rows, key=lambda row: row.share)
 
 

@@ -229,7 +229,7 @@ def run_case(case: Case, backends: list[str], device: torch.device, quick: bool,
     if profiled and "timing" not in result.errors:
         status("profiling")
         result.profiles = profile.profile_steps(steps, top=400)
-        sizes = bandwidth.generated_kernel_bytes(torchfuse.report().graphs)
+        sizes = bandwidth.generated_kernel_bytes(torchfuse.report().graphs[graphs_before:])
         result.bandwidths = {backend: bandwidth.kernel_bandwidths(p.top, sizes, copy_gbs)
                              for backend, p in result.profiles.items() if backend.startswith("torchfuse")}
     del steps
