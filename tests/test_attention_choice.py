@@ -120,6 +120,30 @@ def test_the_choice_sees_the_dense_additive_mask_the_kernel_gets(monkeypatch):
     assert seen == [(torch.bfloat16, (2, 1, 64, 64), (4096, 4096, 64, 1))]
 
 
+@pytest.mark.parametrize("backend", [attention.CUDNN, attention.EFFICIENT])
+def test_a_learned_mask_gets_its_gradient(chosen, backend):
+    """Swin's relative position bias is a mask that requires grad: memory-efficient attention
+    returns the mask's gradient; cuDNN's backward does not, so the composite op keeps it."""
+    chosen(backend)
+    q, k, v = (t.requires_grad_() for t in _heads())
+    bias = torch.empty(2, 4, 64, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+
+    def step(q, k, v, bias):
+        out = attention.fused_attention(q, k, v, bias)
+        return torch.autograd.grad(out.sum(), (q, k, v, bias))
+
+    gm = make_fx(step)(q, k, v, bias)
+    targets = [n.target for n in gm.graph.nodes]
+    if backend == attention.EFFICIENT:
+        assert targets.count(aten._scaled_dot_product_efficient_attention_backward.default) == 1
+        backward = next(n for n in gm.graph.nodes
+                        if n.target == aten._scaled_dot_product_efficient_attention_backward.default)
+        assert list(backward.args[10])[3] is True  # grad_input_mask: the bias's gradient is computed
+    else:
+        assert aten._scaled_dot_product_cudnn_attention.default not in targets
+        assert "composite: a learned mask" in next(iter(attention.choices))
+
+
 def test_mask_conversions_keep_the_composite_ops_values():
     """Boolean masks become 0 where attended and -inf (-65504 for cuDNN) elsewhere; padding a
     bias for alignment keeps its values."""

@@ -58,6 +58,9 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     reason = _why_composite(query, key, value, attn_mask, enable_gqa)
     backend = None if reason else backend_choice(query, key, value, attn_mask, dropout_p, is_causal, scale)
     call = _FUSED_CALLS.get(backend)
+    if call is not None and backend != EFFICIENT and attn_mask is not None and attn_mask.requires_grad:
+        reason = "composite: a learned mask (only memory-efficient attention returns its gradient)"
+        call = None
     if call is None or (backend == FLASH and (query.shape[-1] % 8 or attn_mask is not None)):
         # the composite op pads odd head dims for flash itself; flash takes no mask on CUDA
         choices[reason or f"math: torch chose backend {backend}"] += 1
@@ -96,7 +99,7 @@ def backend_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bo
     specs = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.requires_grad) for t in (query, key, value)]
     if attn_mask is not None:  # what the fused op gets: an additive mask, dense (_additive)
         shape = tuple(attn_mask.shape)
-        specs.append((shape, _contiguous_strides(shape), query.dtype, attn_mask.device, False))
+        specs.append((shape, _contiguous_strides(shape), query.dtype, attn_mask.device, attn_mask.requires_grad))
     with _disable_current_modes(), torch.set_grad_enabled(grad):
         real = [torch.empty_strided(shape, stride, dtype=dtype, device=device).requires_grad_(needs)
                 for shape, stride, dtype, device, needs in specs]
