@@ -38,15 +38,19 @@ STRIDE_AGNOSTIC_READERS = (aten.sum.dim_IntList, aten.sum.default)
 def pad_unaligned_operands(gm: torch.fx.GraphModule) -> int:
     """Rewrite every eligible mm/addmm of ``gm`` in place; returns how many."""
     pads: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
+    replaced: list[torch.fx.Node] = []  # operands the rewrites stopped reading
     rewritten = 0
     for node in list(gm.graph.nodes):
         plan = _plan(node)
         if plan is not None:
+            replaced += [n for n in node.args[-2:] if isinstance(n, torch.fx.Node)]
             _rewrite(gm.graph, node, *plan, pads)
             rewritten += 1
     if rewritten:
         _read_padded_sources(gm.graph, pads)
-        gm.graph.eliminate_dead_code()
+        for operand in dict.fromkeys(replaced):  # transposes nothing reads any more
+            if operand.op == "call_function" and operand.target in TRANSPOSES and not operand.users:
+                gm.graph.erase_node(operand)
         gm.graph.lint()
         gm.recompile()
     return rewritten
