@@ -112,11 +112,13 @@ def test_efficient_attention_gets_an_aligned_expanded_bias(chosen, keys):
 def test_the_choice_sees_the_dense_additive_mask_the_kernel_gets(monkeypatch):
     """A mask broadcast by zero strides is chosen for, and passed, as a dense additive copy."""
     seen = []
+    monkeypatch.setattr(attention, "_chosen", {})
     monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, k, v, mask, *args, **kwargs:
                         seen.append((mask.dtype, mask.shape, mask.stride())) or 0)
     q, k, v = _heads(device="cpu")
     expanded = torch.ones(2, 1, 1, 64, dtype=torch.bool).expand(2, 1, 64, 64)
-    attention.backend_choice(q, k, v, expanded, 0.0, False, None)
+    for _ in range(3):  # asked once: the answer is kept by the question's metadata
+        attention.backend_choice(q, k, v, expanded, 0.0, False, 0.125)
     assert seen == [(torch.bfloat16, (2, 1, 64, 64), (4096, 4096, 64, 1))]
 
 

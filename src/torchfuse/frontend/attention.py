@@ -39,6 +39,8 @@ ATTENTION_CALLS = (torch._C._nn.scaled_dot_product_attention, F.scaled_dot_produ
 choices: Counter = Counter()
 # For each math choice on a CUDA call: the metadata torch decided on.
 details: Counter = Counter()
+# torch's answer by the question's metadata (the choice depends on nothing else).
+_chosen: dict[tuple, int] = {}
 
 
 def keep_fused_attention(gm: torch.fx.GraphModule) -> int:
@@ -100,17 +102,21 @@ def backend_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bo
     if attn_mask is not None:  # what the fused op gets: an additive mask, dense (_additive)
         shape = tuple(attn_mask.shape)
         specs.append((shape, _contiguous_strides(shape), query.dtype, attn_mask.device, attn_mask.requires_grad))
+    key = (*specs, grad, dropout_p, is_causal, scale)
+    if key in _chosen:  # a model's layers ask the same question: allocate once
+        return _chosen[key]
     with _disable_current_modes(), torch.set_grad_enabled(grad):
         real = [torch.empty_strided(shape, stride, dtype=dtype, device=device).requires_grad_(needs)
                 for shape, stride, dtype, device, needs in specs]
         mask = real[3] if attn_mask is not None else None
         choice = int(torch._fused_sdp_choice(*real[:3], mask, dropout_p, is_causal, scale=scale))
-        if choice not in _FUSED_CALLS:
-            shape, stride, dtype, device, needs = specs[0]
-            details[f"{choice} for q {shape} strides {stride} {dtype} {device} requires_grad={needs} "
-                    f"grad mode {grad}, mask {specs[3][:3] if mask is not None else None}, dropout {dropout_p}, "
-                    f"causal {is_causal}, scale {scale}, real tensors {type(real[0]).__name__}"] += 1
-        return choice
+    if choice not in _FUSED_CALLS:
+        shape, stride, dtype, device, needs = specs[0]
+        details[f"{choice} for q {shape} strides {stride} {dtype} {device} requires_grad={needs} "
+                f"grad mode {grad}, mask {specs[3][:3] if mask is not None else None}, dropout {dropout_p}, "
+                f"causal {is_causal}, scale {scale}, real tensors {type(real[0]).__name__}"] += 1
+    _chosen[key] = choice
+    return choice
 
 
 # Each fused call takes its mask as the composite op hands it over (aten/.../attention.cpp):
