@@ -281,7 +281,9 @@ def test_attention_dropout_on_cuda_is_seeded_and_trains():
         return loss.detach(), x.grad.clone()
 
     first, again, undropped = step(0.1, 1), step(0.1, 1), step(0.0, 1)
-    assert attention.choices and not any(name.startswith("math") for name in attention.choices), attention.choices
+    # the third call recompiles with a symbolic dropout_p, which stays composite
+    assert {"cudnn", "efficient", "flash"} & set(attention.choices), attention.choices
+    assert not any(name.startswith("math") for name in attention.choices), attention.choices
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
     assert not torch.equal(first[1], undropped[1])
     assert torch.isfinite(first[1]).all()

@@ -57,7 +57,7 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                     scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """``F.scaled_dot_product_attention``, calling the fused kernel eager would choose directly."""
-    reason = _why_composite(query, key, value, attn_mask, enable_gqa)
+    reason = _why_composite(query, key, value, attn_mask, enable_gqa, dropout_p, scale)
     backend = None if reason else backend_choice(query, key, value, attn_mask, dropout_p, is_causal, scale)
     call = _FUSED_CALLS.get(backend)
     if call is not None and backend != EFFICIENT and attn_mask is not None and attn_mask.requires_grad:
@@ -72,9 +72,12 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return call(query, key, value, attn_mask, dropout_p, is_causal, scale, _needs_logsumexp(query, key, value))
 
 
-def _why_composite(query, key, value, attn_mask, enable_gqa) -> str | None:
+def _why_composite(query, key, value, attn_mask, enable_gqa, dropout_p=0.0, scale=None) -> str | None:
     if query.device.type != "cuda":
         return "composite: not CUDA"
+    if not all(isinstance(x, (int, float, type(None))) for x in (dropout_p, scale)):
+        # Dynamo makes a float argument symbolic after it changes; the fused ops take numbers
+        return "composite: symbolic dropout or scale"
     if enable_gqa:
         return "composite: grouped-query heads"
     tensors = (query, key, value, *([] if attn_mask is None else [attn_mask]))
