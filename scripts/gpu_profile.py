@@ -109,6 +109,24 @@ def op_profile(step, steps: int, path: Path) -> None:
     path.write_text(text)
 
 
+def write_sources(graphs, top, count: int, folder: Path) -> None:
+    """The slowest ``count`` generated kernels of ``top``, each as its source headed by what the
+    report says it reads and writes, to read their index math offline."""
+    by_name: dict[str, list] = {}
+    for graph in graphs:
+        for kernel in graph.kernels:
+            name = bandwidth.kernel_function_name(kernel.source)
+            if name:
+                by_name.setdefault(name, []).append(kernel)
+    folder.mkdir(parents=True, exist_ok=True)
+    slowest = [k for k in sorted(top, key=lambda k: -k.ms) if k.name in by_name][:count]
+    for timed in slowest:
+        kernels = by_name[timed.name]
+        header = "".join(f"# {k.name} ({k.label}): reads {k.reads}, writes {k.writes}\n" for k in kernels[:4])
+        (folder / f"{timed.name}.py").write_text(
+            f"# {timed.ms:.3f} ms a step over {timed.calls:.0f} calls\n{header}\n{kernels[0].source}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="", help="comma-separated model case names (default: all GPU models)")
@@ -120,6 +138,9 @@ def main() -> int:
                         help="also run STEPS steps per backend under cProfile (host_<case>_<backend>.txt)")
     parser.add_argument("--op-profile", type=int, default=0, metavar="STEPS",
                         help="also run STEPS steps per backend under torch.profiler, CPU side (ops_<case>_<backend>.txt)")
+    parser.add_argument("--sources", type=int, default=0, metavar="N",
+                        help="write the sources of torchfuse's N slowest generated kernels a case "
+                             "(sources_<case>/<kernel>.py, headed by the buffers each reads and writes)")
     parser.add_argument("--out", default="out/profile")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -166,6 +187,9 @@ def main() -> int:
                     "through_triton": launch.stats.through_triton - before[1],
                     "bandwidth": [row.as_dict() for row in bandwidth.kernel_bandwidths(profile.top, sizes, copy_gbs)],
                     "autotune_gains": autotune_gains() if "max-autotune" in backend else []}
+                if args.sources and backend == "torchfuse":
+                    write_sources(torchfuse.report().graphs[graphs_before:], profile.top, args.sources,
+                                  Path(args.out) / f"sources_{case.name}")
         for backend, step in steps.items():
             if args.host_profile:
                 host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
