@@ -49,6 +49,17 @@ def resource_usage(cubin: bytes) -> tuple[int, int]:
     return int(usage.group(1)), int(usage.group(2)) + int(usage.group(3))  # spills go to the stack
 
 
+def memory_instructions(ptx: str) -> str:
+    """The kernel's global loads and stores by form, e.g. ``ld.v4.b32 x2, st.b16 x8``: the widths
+    say whether Triton vectorized them (16 bytes a thread: ``v4.b32``)."""
+    forms: dict[str, int] = {}
+    for op, suffix in re.findall(r"\b(ld|st)\.global((?:\.[\w]+)*)", ptx):
+        parts = [p for p in suffix.split(".") if p and not p.startswith(("L1", "L2", "cs", "ca", "cg", "lu", "cv", "wb", "wt", "nc"))]
+        form = ".".join([op, *parts])
+        forms[form] = forms.get(form, 0) + 1
+    return ", ".join(f"{form} x{count}" for form, count in sorted(forms.items()))
+
+
 def candidates(default: launch.Config, xblocks: list[int], warps: list[int]) -> list[launch.Config]:
     found = [default]
     for xblock in xblocks or [default.constexprs[0]]:
@@ -66,6 +77,7 @@ def main() -> int:
     parser.add_argument("--size", default="bench")
     parser.add_argument("--xblocks", default="", help="XBLOCKs to compile besides the default")
     parser.add_argument("--warps", default="", help="warps to compile besides the default")
+    parser.add_argument("--ptx", default="", help="a folder to write each binary's PTX to")
     args = parser.parse_args()
     xblocks = [int(x) for x in args.xblocks.split(",") if x]
     warps = [int(x) for x in args.warps.split(",") if x]
@@ -99,8 +111,16 @@ def main() -> int:
                 threads = 32 * loader.config.num_warps
                 resident = min(REGISTERS_PER_SM // max(registers * threads, 1), 2048 // threads, 32)
                 marker = " (default)" if loader is loaders[0] else ""
+                ptx = binary.asm.get("ptx", "")
+                ptx = ptx if isinstance(ptx, str) else ptx.decode()
                 print(f"  {loader.config.blocks()} warps {loader.config.num_warps}: {registers} registers, "
-                      f"{spills} spill bytes, {resident} programs an SM by registers{marker}")
+                      f"{spills} spill bytes, {resident} programs an SM by registers{marker}\n"
+                      f"    global memory: {memory_instructions(ptx)}")
+                if args.ptx:
+                    os.makedirs(args.ptx, exist_ok=True)
+                    blocks = "_".join(f"{k}{v}" for k, v in loader.config.blocks().items())
+                    with open(os.path.join(args.ptx, f"{kernel.function}_{blocks}_w{loader.config.num_warps}.ptx"), "w") as f:
+                        f.write(ptx)
     return 0
 
 
