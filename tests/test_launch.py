@@ -43,10 +43,16 @@ class FakeJit:
 def test_block_sizes_follow_the_sizes():
     assert pointwise_config(5) == launch.Config(1, (16,), 2)
     assert pointwise_config(100_000) == launch.Config(98, (1024,), 4)
-    assert reduction_config(True, 100_000, 300) == launch.Config(12_500, (8, 512), 8)
-    # 1000 rows at 8 a program would be 125 programs: fewer rows per program fill 132 SMs twice.
-    assert reduction_config(True, 1000, 300) == launch.Config(500, (2, 512), 4)
+    # Short persistent rows: a warp per 256 elements of a row, ~1024 elements a warp.
+    assert reduction_config(True, 100_000, 300) == launch.Config(25_000, (4, 512), 2)
+    assert reduction_config(True, 200_704, 192) == launch.Config(50_176, (4, 256), 1)
+    assert reduction_config(True, 3_612_672, 49) == launch.Config(451_584, (8, 64), 1)
+    # 1000 rows at 4 a program would be 250 programs: fewer rows per program fill 132 SMs twice.
+    assert reduction_config(True, 1000, 300) == launch.Config(500, (2, 512), 2)
+    assert reduction_config(True, 8192, 768) == launch.Config(2048, (4, 1024), 8)  # longer rows: 8 warps
     assert reduction_config(False, 7, 50_000) == launch.Config(7, (1, 1024), 4)
+    # Long looped rows, enough of them: [4 x 512] tiles.
+    assert reduction_config(False, 8192, 32_000) == launch.Config(2048, (4, 512), 8)
     # Short rows looped (their length is symbolic) share a program.
     assert reduction_config(False, 100_000, 100) == launch.Config(12_500, (8, 128), 4)
     # Outer tiles put 32-128 rows on the lanes, RBLOCK reduced indices a step.
@@ -58,9 +64,10 @@ def test_block_sizes_follow_the_sizes():
     assert reduction_config(False, 72, 896, outer=True) == launch.Config(3, (32, 128), 8)
     assert reduction_config(True, 2048, 128, outer=True) == launch.Config(64, (32, 128), 8)
     assert reduction_config(True, 256, 64, outer=True) == launch.Config(4, (64, 64), 8)  # small: tiles kept
-    # A few reduced elements (grouped-query heads' gradients, 4 a group): longer lanes, 2048 a tile.
-    assert reduction_config(True, 1 << 20, 4, outer=True) == launch.Config(2048, (512, 4), 8)
-    assert reduction_config(True, 65_536, 4, outer=True) == launch.Config(512, (128, 4), 4)  # fills the GPU first
+    # A few reduced elements (grouped-query heads' gradients, 4 a group): longer lanes, 2048 a
+    # tile, and no more warps than XBLOCK / 256 (more would reduce across warps).
+    assert reduction_config(True, 1 << 20, 4, outer=True) == launch.Config(2048, (512, 4), 2)
+    assert reduction_config(True, 65_536, 4, outer=True) == launch.Config(512, (128, 4), 1)  # fills the GPU first
 
 
 def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary():
@@ -71,7 +78,7 @@ def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary()
     before = launch.stats.direct
     launcher(8, 8, x, out, 3)
     assert len(fn.launches) == 1 and fn.launches[0][1] == (x, out, 3, 8, 8)
-    assert fn.launches[0][2] == {"XBLOCK": 8, "RBLOCK": 8, "num_warps": 4}
+    assert fn.launches[0][2] == {"XBLOCK": 8, "RBLOCK": 8, "num_warps": 1}
     launcher(8, 8, x, out, 5)  # another int of the same class: the same binary
     assert len(fn.launches) == 1 and launch.stats.direct == before + 1
     assert fn.compiled[0].calls == [(1, 1, 1, 77, 1234, ("meta",), None, None, None, x, out, 5, 8, 8, 8, 8)]

@@ -36,6 +36,18 @@ from torchfuse.runtime import static_launch
 MAX_POINTWISE_BLOCK = 1024
 MAX_PERSISTENT_TILE = 4096  # elements of one [XBLOCK, RBLOCK] tile held in registers
 LOOPED_RBLOCK = 1024
+# Warps and tiles from what Triton does with them (scripts/sweep_configs.py on the H200, bf16):
+# Triton gives a [1, RBLOCK] load (a norm's weight, read once a program) its own layout, one
+# element a thread once warps * 32 * 8 > RBLOCK, and moves it into the tile's layout through
+# shared memory with barriers. Short rows therefore take one warp per 256 elements of a row and
+# ~1024 elements a warp: ConvNeXt's LayerNorm over 200704 rows of 192 took 268 us with [16 x 256]
+# and 8 warps, 48 us with [4 x 256] and one warp; a softmax over rows of 49 637 us with [64 x 64],
+# 8 warps, 364 us with [16 x 64], one warp (305 us with [8 x 64]). Longer rows keep 8 warps.
+SHORT_ROW_RBLOCK = 512
+SHORT_ROW_WARP_TILE = 1024
+# Looped rows with rows enough to fill the GPU: [4 x 512] tiles, 8 warps (a cross-entropy
+# backward over 8192 rows of 32000: 368 us at [1 x 1024], 4 warps; 316 us).
+LOOPED_ROWS_TILE = (4, 512)
 # Outer reductions (codegen/triton/tiling.py): lanes walk the rows. 128 rows of bf16 are 256
 # contiguous bytes per reduced index; XBLOCK shrinks to OUTER_MIN_XBLOCK to reach MIN_PROGRAMS.
 # A looped tile holds OUTER_TILE elements, or FEW_PROGRAMS_TILE when the grid is still smaller
@@ -164,13 +176,28 @@ def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = F
         return _outer_config(persistent, xnumel, rnumel)
     if persistent:
         rblock = max(2, next_power_of_2(rnumel))
+        if rblock <= SHORT_ROW_RBLOCK:
+            return _short_rows_config(xnumel, rnumel, rblock)
         xblock = max(1, min(next_power_of_2(xnumel), MAX_PERSISTENT_TILE // rblock, 64))
+    elif rnumel >= LOOPED_RBLOCK and xnumel >= LOOPED_ROWS_TILE[0] * MIN_PROGRAMS:
+        xblock, rblock = LOOPED_ROWS_TILE
     else:
         rblock = min(LOOPED_RBLOCK, max(2, next_power_of_2(rnumel)))
         # Rows shorter than a chunk (looped because their length is symbolic) share a program.
         xblock = max(1, min(next_power_of_2(xnumel), LOOPED_RBLOCK // rblock, 64))
     xblock = _fill_the_gpu(xnumel, rnumel, xblock, 1)
     return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 2048 else 4)
+
+
+def _short_rows_config(xnumel: int, rnumel: int, rblock: int) -> Config:
+    """A persistent reduction over rows of at most SHORT_ROW_RBLOCK: a warp per 256 elements of a
+    row (so a row-invariant [1, RBLOCK] load keeps the tile's layout), about SHORT_ROW_WARP_TILE
+    elements a warp (half that below 128: rows of 49 measured best at [8 x 64])."""
+    warps = max(1, rblock // 256)
+    per_warp = SHORT_ROW_WARP_TILE if rblock >= 128 else SHORT_ROW_WARP_TILE // 2
+    xblock = max(1, min(next_power_of_2(xnumel), per_warp * warps // rblock))
+    xblock = _fill_the_gpu(xnumel, rnumel, xblock, 1)
+    return Config(cdiv(xnumel, xblock), (xblock, rblock), warps)
 
 
 def _outer_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
@@ -183,6 +210,12 @@ def _outer_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
         xblock = min(max(xblock, OUTER_TILE // rblock), max(2, next_power_of_2(xnumel)))
         xblock = _fill_the_gpu(xnumel, rnumel, xblock, OUTER_MIN_XBLOCK)
         xblock = max(2, min(xblock, MAX_PERSISTENT_TILE // rblock))
+        if rblock < 16:
+            # Warps beyond XBLOCK / 256 lie along the reduced axis (a warp's lanes take 8
+            # contiguous bf16 each): every program then reduces across warps through shared
+            # memory. The grouped-query heads' sum of 4, [4 x 512]: 589 us with 8 warps, 41 us
+            # with 1 or 2 on the H200.
+            return Config(cdiv(xnumel, xblock), (xblock, rblock), max(1, min(8, xblock // 256)))
     else:
         # A looped program takes rnumel / RBLOCK steps one after the other, however small the
         # kernel: fewer lanes a program buy more programs and longer steps (a batch norm's second
