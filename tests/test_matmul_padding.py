@@ -8,8 +8,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchfuse
-from conftest import compile_strict
-from torchfuse.lowering.matmul_padding import addmm_into_padded_rows, mm_into_padded_rows, pad_unaligned_matmuls
+from conftest import assert_close, compile_strict
+from torchfuse.lowering.matmul_padding import (addmm_into_padded_rows, mm_into_padded_rows, pad_unaligned_matmuls,
+                                              padded_output_strides)
 
 aten = torch.ops.aten
 
@@ -86,7 +87,7 @@ def test_an_inference_result_only_returned_keeps_the_padded_stride():
     """No copy of a result the graph only returns (the copy doubled GPT-2's logits at the peak):
     eager's values and shape, a row stride of the padded width."""
     gm = _traced_for_cuda(lambda a, w: torch.mm(a, w.t()), (4096, 768), (50257, 768))
-    assert pad_unaligned_matmuls(gm, padded_outputs=True) == 1
+    assert pad_unaligned_matmuls(gm, padded_from=0) == 1
     assert not any(n.target is aten.clone.default for n in gm.graph.nodes)
     gen = torch.Generator().manual_seed(1)
     a, w = (torch.randn(shape, generator=gen).bfloat16() for shape in ((64, 768), (50257, 768)))
@@ -101,7 +102,7 @@ def test_a_result_returned_through_a_reshape_of_its_rows_keeps_the_padded_stride
         return torch.ops.aten._unsafe_view(torch.mm(a, w.t()), [8, 512, 50257])
 
     gm = _traced_for_cuda(lm_head, (4096, 768), (50257, 768))
-    assert pad_unaligned_matmuls(gm, padded_outputs=True) == 1
+    assert pad_unaligned_matmuls(gm, padded_from=0) == 1
     assert not any(n.target is aten.clone.default for n in gm.graph.nodes)
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     out = out[0] if isinstance(out, (list, tuple)) else out
@@ -114,19 +115,41 @@ def test_a_result_returned_through_a_reshape_of_its_rows_keeps_the_padded_stride
 
 def test_a_reshape_across_rows_keeps_eager_layout():
     gm = _traced_for_cuda(lambda a, w: torch.mm(a, w.t()).reshape(-1), (4096, 768), (50257, 768))
-    assert pad_unaligned_matmuls(gm, padded_outputs=True) == 1
+    assert pad_unaligned_matmuls(gm, padded_from=0) == 1
     assert any(n.target is aten.clone.default for n in gm.graph.nodes)
 
 
-def test_a_result_also_read_in_the_graph_or_from_a_forward_graph_keeps_eager_layout():
+def test_a_result_also_read_in_the_graph_is_returned_padded_and_read_through_the_copy():
+    """The output is the padded result; the graph's own readers read the contiguous copy (which
+    their kernels inline). Outputs before ``padded_from`` (a forward graph's user outputs), and
+    every output when it is None, keep eager's layout."""
     def returned_and_used(a, w):
         logits = torch.mm(a, w.t())
-        return logits, logits.float().logsumexp(1)
+        return logits, logits.float().logsumexp(1), logits.view(8, 512, 50257)
 
-    for fn, padded_outputs in ((returned_and_used, True), (lambda a, w: torch.mm(a, w.t()), False)):
-        gm = _traced_for_cuda(fn, (4096, 768), (50257, 768))
-        assert pad_unaligned_matmuls(gm, padded_outputs=padded_outputs) == 1
-        assert any(n.target is aten.clone.default for n in gm.graph.nodes)
+    gen = torch.Generator().manual_seed(5)
+    a, w = (torch.randn(shape, generator=gen).bfloat16() for shape in ((4096, 768), (50257, 768)))
+    want = returned_and_used(a, w)
+    for padded_from, padded in ((0, {0, 2}), (1, {2}), (3, set()), (None, set())):
+        gm = _traced_for_cuda(returned_and_used, (4096, 768), (50257, 768))
+        assert pad_unaligned_matmuls(gm, padded_from=padded_from) == 1
+        assert any(n.target is aten.clone.default for n in gm.graph.nodes)  # logsumexp reads it
+        assert set(padded_output_strides(gm)) == padded
+        got = gm(a, w)
+        for position, (g, e) in enumerate(zip(got, want)):
+            assert torch.equal(g, e)
+            if g.dim() > 1:
+                assert (g.stride()[-2] == 50264) == (position in padded), (padded_from, position, g.stride())
+
+
+def test_a_view_the_padded_strides_cannot_take_keeps_the_copy():
+    """A view merging rows into a longer last dim cannot read padded rows: that output stays."""
+    gm = _traced_for_cuda(lambda a, w: torch.mm(a, w.t()).view(2048, 2, 50257), (4096, 768), (50257, 768))
+    assert pad_unaligned_matmuls(gm, padded_from=0) == 1
+    assert padded_output_strides(gm) == {0: (2 * 50264, 50264, 1)}
+    flat = _traced_for_cuda(lambda a, w: torch.mm(a, w.t()).view(-1), (4096, 768), (50257, 768))
+    assert pad_unaligned_matmuls(flat, padded_from=0) == 1
+    assert padded_output_strides(flat) == {} and any(n.target is aten.clone.default for n in flat.graph.nodes)
 
 
 @pytest.mark.gpu
@@ -168,3 +191,61 @@ def test_gpt2_like_logits_are_held_once_at_the_peak(batch):
     assert got.stride()[-2:] == (50264, 1)
     padded_rows = 2048 * 7 * 2
     assert compiled_peak <= eager_peak + padded_rows + (1 << 20), (compiled_peak, eager_peak)
+
+
+def test_a_forward_graph_pads_its_saved_outputs_only_when_aot_autograd_collects_strides():
+    """A forward graph's outputs from the first saved one on may be padded only while
+    aot_autograd collects the forward's output strides (it restrides the backward's inputs with
+    them); the strides reported are one entry per output, None for the unchanged ones."""
+    from types import SimpleNamespace
+
+    from torch._guards import TracingContext, tracing
+
+    from torchfuse import pipeline
+    from torchfuse.diagnostics.model import GraphReport
+
+    def forward(a, w):  # the loss (a user output), then the logits saved for the backward
+        logits = torch.mm(a, w.t())
+        return logits.float().logsumexp(1).sum(), logits
+
+    assert pipeline.padded_outputs_from("forward") is None  # no tracing context: nothing padded
+    assert pipeline.padded_outputs_from("inference") == 0
+    assert pipeline.padded_outputs_from("backward") is None
+    context = TracingContext(None)
+    context.fw_metadata = SimpleNamespace(num_forward=1)
+    with tracing(context):
+        assert pipeline.padded_outputs_from("forward") is None  # strides not collected
+        context.output_strides = []
+        assert pipeline.padded_outputs_from("forward") == 1
+        gm = _traced_for_cuda(forward, (4096, 768), (50257, 768))
+        assert pad_unaligned_matmuls(gm, padded_from=pipeline.padded_outputs_from("forward")) == 1
+        report = GraphReport("g", "forward", "triton", output_strides=padded_output_strides(gm))
+        pipeline._report_output_strides(pipeline.CompileState(gm, [], None, "triton", report))
+        assert context.output_strides == [None, (50264, 1)]
+
+
+@pytest.mark.gpu
+def test_a_training_step_saves_the_padded_logits_and_its_backward_reads_them():
+    """BERT's LM head and loss in training: the forward saves the padded logits (no contiguous
+    copy), aot_autograd gives the backward graph those strides, and the loss and every gradient
+    are eager's against a float64 step."""
+    gen = torch.Generator().manual_seed(6)
+    h = torch.randn(2048, 256, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+    w = (torch.randn(3001, 256, generator=gen) * 0.05).to("cuda", torch.bfloat16).requires_grad_()
+    b = (torch.randn(3001, generator=gen) * 0.1).to("cuda", torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, 3001, (2048,), generator=gen).cuda()
+
+    def loss_of(h, w, b):
+        return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w, b).float(), labels)
+
+    def step(fn, *params):
+        loss = fn(*params)
+        return (loss, *torch.autograd.grad(loss, params))
+
+    compiled = torchfuse.compile(loss_of, options={"strict": True})
+    got, want = step(compiled, h, w, b), step(loss_of, h, w, b)
+    reference = step(loss_of, *(p.detach().double().requires_grad_() for p in (h, w, b)))
+    assert_close(list(got), list(want), torch.bfloat16, reference=list(reference))
+    forward = next(g for g in torchfuse.report().graphs if g.kind == "forward")
+    assert list(forward.output_strides.values()) == [(3008, 1)], forward.output_strides
+    assert not any("clone" in op for k in forward.kernels for op in k.ops), [k.ops for k in forward.kernels]

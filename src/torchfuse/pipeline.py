@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+from torch._guards import TracingContext
 from torch.utils._pytree import tree_leaves
 
 import torchfuse.scheduler.schedule as scheduling  # a module, so a test can replace its schedule()
@@ -32,7 +33,7 @@ from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users, sp
 from torchfuse.lowering.conv_layout import convolutions_channels_last
 from torchfuse.lowering.devices import check_one_device, place_on_one_device
 from torchfuse.lowering.driver import lower
-from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls
+from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls, padded_output_strides
 from torchfuse.lowering.operand_padding import pad_unaligned_operands
 from torchfuse.options import Options
 from torchfuse.runtime import autotune, cpp_build, cudagraphs, graph_cache, kernel_cache, triton_ahead, wrapper
@@ -100,6 +101,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
     state = CompileState(gm, list(example_inputs), options, target, graph_report)
     try:
         call = _run_stages_or_restore(state)
+        _report_output_strides(state)
         _note_untuned_cpp_kernels(state)
         if options.mode in CUDA_GRAPH_MODES:
             call = _with_cuda_graphs(call, state)
@@ -118,6 +120,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
             stacklevel=2,
         )
         call = _run_with_aten(gm)
+        _report_output_strides(state)  # the rewritten graph runs: its padded outputs stay
     reports.record(graph_report)
     call._boxed_call = True
     return call
@@ -186,11 +189,40 @@ def run_captured(gm: torch.fx.GraphModule, error: str | None = None) -> Callable
     return gm.forward
 
 
+def padded_outputs_from(kind: str) -> int | None:
+    """The first output position that may return a padded matmul result (lowering/
+    matmul_padding.py): every output of an inference graph; a forward graph's outputs saved for
+    the backward when aot_autograd collects the forward's output strides (it gives them to the
+    backward's inputs); None otherwise."""
+    if kind == "inference":
+        return 0
+    if kind == "forward" and getattr(TracingContext.try_get(), "output_strides", None) is not None:
+        return saved_outputs_start(kind)
+    return None
+
+
+def _report_output_strides(state: CompileState) -> None:
+    """Tell aot_autograd the strides of the outputs returned with other strides than traced,
+    one entry per output (None: as traced), as Inductor does for its layout choices."""
+    reported = getattr(TracingContext.try_get(), "output_strides", None)
+    if reported is None or state.report.kind != "forward":
+        return
+    output = next(n for n in reversed(state.gm.graph.nodes) if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    strides = dict(state.report.output_strides)
+    if not strides:  # a fallback before the report was written: read the rewritten graph
+        strides = padded_output_strides(state.gm)
+    state.report.output_strides = strides
+    reported.extend(strides.get(i) for i in range(len(values)))
+
+
 def _run_stages_or_restore(state: CompileState) -> Callable:
     """Run the stages, or take their result from the graph cache (runtime/graph_cache.py)."""
     key = None
     if _graph_cache_applies(state):
-        key = graph_cache.graph_key(state.gm, state.report.kind, state.target, state.options)
+        padded_from = padded_outputs_from(state.report.kind)  # the same graph compiles differently
+        kind = state.report.kind + (f", padded outputs from {padded_from}" if padded_from is not None else "")
+        key = graph_cache.graph_key(state.gm, kind, state.target, state.options)
         entry = graph_cache.lookup(key) if key is not None else None
         if entry is not None:
             started = time.perf_counter()
@@ -228,7 +260,8 @@ def _cache_entry(state: CompileState) -> graph_cache.GraphEntry:
 # What a cache hit takes from the stored report: everything the stages would have written.
 RESTORED_REPORT_FIELDS = ("kernels", "decisions", "fusions", "fallbacks", "fallback_reasons", "device_notes", "split_reductions",
                           "combined_launches", "ir_text",
-                          "wrapper_source", "input_buffers", "output_buffers", "eager_bytes")  # not binaries: _restore fills it
+                          "wrapper_source", "input_buffers", "output_buffers", "eager_bytes",
+                          "output_strides")  # not binaries: _restore fills it
 
 
 def _restore(state: CompileState, entry: graph_cache.GraphEntry) -> None:
@@ -319,7 +352,8 @@ def stage_lower(state: CompileState) -> None:
     # CUDA 16-bit matmuls only: operands with unaligned rows get zero-padded copies, results with
     # unaligned rows padded strides (an inference graph returns such a result without copying it)
     pad_unaligned_operands(state.gm)
-    pad_unaligned_matmuls(state.gm, padded_outputs=state.report.kind == "inference")
+    pad_unaligned_matmuls(state.gm, padded_from=padded_outputs_from(state.report.kind))
+    state.report.output_strides = padded_output_strides(state.gm)
     if state.target == "triton":  # ATen adds a cuDNN convolution's bias with a kernel of its own
         split_convolution_bias(state.gm)
     if state.target == "cpp":  # measured on CPUs only so far (see docs/decisions.md)

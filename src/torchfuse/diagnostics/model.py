@@ -126,6 +126,9 @@ class GraphReport:
     input_buffers: list[str] = field(default_factory=list)  # graph inputs, in call order
     output_buffers: list[str] = field(default_factory=list)
     eager_bytes: int | None = None  # bytes all ops of the graph move when run eagerly
+    # Outputs returned with other strides than traced (a padded matmul result a forward graph
+    # saves for its backward): position -> strides, reported to aot_autograd.
+    output_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
     # GPU kernel name -> where its binary comes from: "compiled ahead" (in the worker pool, or
     # from the disk cache, before the first run) or "at its first launch: <why>" (Triton's JIT)
     binaries: dict[str, str] = field(default_factory=dict)

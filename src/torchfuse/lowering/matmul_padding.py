@@ -13,14 +13,21 @@ rewrite requires an aligned inner dimension), so no padded copy of the weight ex
 inline it (they read the result through its strides); only a graph output or an ATen call pays
 it as a kernel.
 
-In an inference graph, a result that only the graph returns keeps the padded row stride (no
-copy), also through views that only reshape its leading dims (GPT-2's logits are returned as
-``_unsafe_view(mm, [batch, tokens, vocab])``): the copy would hold a second result as large as
-the first at the peak (GPT-2's logits: 412 MB twice, 929 MB peak against eager's 543 MB), and
-took 0.22 ms of GPT-2's 2.74 ms step on the H200. The caller gets eager's values and shape with
-a row stride a few elements longer; ``view``, slicing and reductions work on it as on eager's,
-and ``is_contiguous()`` is False. A forward graph's outputs keep eager's layout: its backward
-was compiled for the traced strides of what it saves.
+Outputs from ``padded_from`` on return the padded result itself, also through views that only
+reshape its leading dims (GPT-2's logits are returned as ``_unsafe_view(mm, [batch, tokens,
+vocab])``); readers inside the graph still read the copy, which their kernels inline. The copy
+would hold a second result as large as the first at the peak (GPT-2's logits: 412 MB twice, 929
+MB peak against eager's 543 MB; 0.22 ms of GPT-2's 2.74 ms step on the H200).
+
+- Inference graphs: every output (``padded_from=0``). The caller gets eager's values and shape
+  with a row stride a few elements longer; ``view``, slicing and reductions work on it as on
+  eager's, and ``is_contiguous()`` is False.
+- Forward graphs: the outputs saved for the backward, when aot_autograd asks for the forward's
+  output strides (``TracingContext.output_strides``): it then gives the backward graph's inputs
+  those strides before the backward is compiled. BERT's MLM forward wrote a contiguous copy of
+  its [8192, 30522] logits for the backward (500 MB, inside a 0.61 ms kernel) and the backward
+  read rows 61044 bytes apart. The user's outputs keep eager's layout.
+- Backward graphs: none (their outputs are gradients, compared with eager's by their users).
 """
 from __future__ import annotations
 
@@ -42,10 +49,10 @@ ALIGN_BYTES = 16
 MIN_MULTIPLY_ADDS = 1 << 26
 
 
-def pad_unaligned_matmuls(gm: torch.fx.GraphModule, padded_outputs: bool = False) -> int:
-    """Rewrite every eligible matmul in place; returns how many were rewritten. With
-    ``padded_outputs`` (inference graphs), a result only returned keeps the padded stride."""
-    return rewrite_eligible(gm, _padded_width, functools.partial(_rewrite, padded_outputs=padded_outputs))
+def pad_unaligned_matmuls(gm: torch.fx.GraphModule, padded_from: int | None = None) -> int:
+    """Rewrite every eligible matmul in place; returns how many were rewritten. Outputs at
+    positions ``padded_from`` and later return a padded result as it is (None: no output)."""
+    return rewrite_eligible(gm, _padded_width, functools.partial(_rewrite, padded_from=padded_from))
 
 
 def _padded_width(node: torch.fx.Node) -> int | None:
@@ -70,40 +77,87 @@ def _padded_width(node: torch.fx.Node) -> int | None:
 ROW_KEEPING_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
-def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, padded_outputs: bool = False) -> None:
+def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, padded_from: int | None = None) -> None:
     width = _padded_width(node)
-    views = _returned_through_views(node) if padded_outputs else None
     target = mm_into_padded_rows if node.target is aten.mm.default else addmm_into_padded_rows
     with graph.inserting_before(node):
         padded = graph.call_function(target, (*node.args, width), dict(node.kwargs))
-        added = [padded]
-        if views is None:
-            added.append(graph.call_function(aten.clone.default, (padded,), {"memory_format": torch.contiguous_format}))
+        copy = graph.call_function(aten.clone.default, (padded,), {"memory_format": torch.contiguous_format})
     with node.meta["val"].fake_mode:
-        for new in added:
-            _trace(new)
-        node.replace_all_uses_with(added[-1])
-        for view in views or []:  # now views of the padded result: a view op, strides retraced
-            view.target = aten.view.default
-            _trace(view)
+        _trace(padded)
+        _trace(copy)
+        node.replace_all_uses_with(copy)
+        if padded_from is not None:
+            _return_padded(graph, copy, padded, padded_from)
     graph.erase_node(node)
+    if not copy.users:
+        graph.erase_node(copy)
 
 
-def _returned_through_views(node: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The views between ``node`` and the graph's output when the graph only returns it,
-    reshaped along its leading dims at most (GPT-2's logits: ``mm`` then ``_unsafe_view`` to
-    [batch, tokens, vocab]); None when anything else reads it."""
-    chain, current, width = [], node, node.meta["val"].shape[-1]
-    while True:
-        users = list(current.users)
-        if users and all(user.op == "output" for user in users):
-            return chain
-        if len(users) != 1 or users[0].target not in ROW_KEEPING_VIEWS:
+def _return_padded(graph: torch.fx.Graph, copy: torch.fx.Node, padded: torch.fx.Node, padded_from: int) -> None:
+    """Outputs from ``padded_from`` on that are ``copy`` or row-keeping views of it return the
+    same views of ``padded``; the views nothing reads any more are erased."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    several = isinstance(output.args[0], (list, tuple))
+    values = list(output.args[0]) if several else [output.args[0]]
+    width, orphans = copy.meta["val"].shape[-1], []
+    for position in range(padded_from, len(values)):
+        chain = _views_from(values[position], copy, width)
+        if chain is None:
+            continue
+        with graph.inserting_before(output):
+            rebuilt = _rebuild_views(graph, chain, padded)
+        if rebuilt is not None:
+            values[position] = rebuilt
+            orphans += chain
+    output.args = (type(output.args[0])(values) if several else values[0], *output.args[1:])
+    for view in reversed(list(dict.fromkeys(orphans))):
+        if not view.users:
+            graph.erase_node(view)
+
+
+def _views_from(value: Any, copy: torch.fx.Node, width: int) -> list[torch.fx.Node] | None:
+    """The row-keeping views from ``copy`` to ``value``, outermost last; None when ``value`` is
+    not ``copy`` seen through such views."""
+    chain = []
+    while value is not copy:
+        if not isinstance(value, torch.fx.Node) or value.target not in ROW_KEEPING_VIEWS:
             return None
-        current = users[0]
-        if list(current.args[1])[-1:] != [width]:
+        if list(value.args[1])[-1:] != [width]:
             return None
-        chain.append(current)
+        chain.append(value)
+        value = value.args[0]
+    return chain[::-1]
+
+
+def _rebuild_views(graph: torch.fx.Graph, chain: list[torch.fx.Node], padded: torch.fx.Node) -> torch.fx.Node | None:
+    """``chain``'s views applied to ``padded`` (as views: strides retraced), or None when one
+    of them cannot view the padded strides; the new nodes are then removed."""
+    current, added = padded, []
+    try:
+        for view in chain:
+            current = graph.call_function(aten.view.default, (current, *view.args[1:]))
+            added.append(current)
+            _trace(current)
+    except RuntimeError:  # the fake op's "view size is not compatible with input tensor's size and stride"
+        for node in reversed(added):
+            graph.erase_node(node)
+        return None
+    return current
+
+
+def padded_output_strides(gm: torch.fx.GraphModule) -> dict[int, tuple[int, ...]]:
+    """Output position -> strides, for the outputs that return a padded result (or a view of one)."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    strides = {}
+    for position, value in enumerate(values):
+        root = value
+        while isinstance(root, torch.fx.Node) and root.target is aten.view.default:
+            root = root.args[0]
+        if isinstance(root, torch.fx.Node) and root.target in (mm_into_padded_rows, addmm_into_padded_rows):
+            strides[position] = tuple(int(s) for s in value.meta["val"].stride())
+    return strides
 
 
 def _padded_result(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
