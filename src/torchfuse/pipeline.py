@@ -33,7 +33,8 @@ from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users, sp
 from torchfuse.lowering.conv_layout import convolutions_channels_last
 from torchfuse.lowering.devices import check_one_device, place_on_one_device
 from torchfuse.lowering.driver import lower
-from torchfuse.lowering.matmul_padding import pad_unaligned_matmuls, padded_output_strides
+from torchfuse.lowering.input_strides import adopt_input_strides
+from torchfuse.lowering.matmul_padding import has_unaligned_matmul, pad_unaligned_matmuls, padded_output_strides
 from torchfuse.lowering.operand_padding import pad_unaligned_operands
 from torchfuse.options import Options
 from torchfuse.runtime import autotune, cpp_build, cudagraphs, graph_cache, kernel_cache, triton_ahead, wrapper
@@ -95,8 +96,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
     Returns:
         A function taking the list of inputs (which it clears) and returning the outputs.
     """
+    adopted = adopt_input_strides(gm, list(example_inputs))  # before the cache key reads the layouts
     target = choose_target(example_inputs, options, gm)
-    graph_report = GraphReport(reports.next_graph_name(), kind, target)
+    graph_report = GraphReport(reports.next_graph_name(), kind, target, input_strides=adopted)
     graph_report.aten_ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     state = CompileState(gm, list(example_inputs), options, target, graph_report)
     try:
@@ -220,7 +222,8 @@ def _run_stages_or_restore(state: CompileState) -> Callable:
     """Run the stages, or take their result from the graph cache (runtime/graph_cache.py)."""
     key = None
     if _graph_cache_applies(state):
-        padded_from = padded_outputs_from(state.report.kind)  # the same graph compiles differently
+        # Whether a padded matmul result may be returned changes the code of a graph that has one
+        padded_from = padded_outputs_from(state.report.kind) if has_unaligned_matmul(state.gm) else None
         kind = state.report.kind + (f", padded outputs from {padded_from}" if padded_from is not None else "")
         key = graph_cache.graph_key(state.gm, kind, state.target, state.options)
         entry = graph_cache.lookup(key) if key is not None else None

@@ -129,6 +129,9 @@ class GraphReport:
     # Outputs returned with other strides than traced (a padded matmul result a forward graph
     # saves for its backward): position -> strides, reported to aot_autograd.
     output_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # Inputs whose real strides differ from the traced ones (a backward's saved tensors that the
+    # forward returned padded): lowering/input_strides.py.
+    input_strides: list[str] = field(default_factory=list)
     # GPU kernel name -> where its binary comes from: "compiled ahead" (in the worker pool, or
     # from the disk cache, before the first run) or "at its first launch: <why>" (Triton's JIT)
     binaries: dict[str, str] = field(default_factory=dict)

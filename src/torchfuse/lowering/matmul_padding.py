@@ -73,6 +73,11 @@ def _padded_width(node: torch.fx.Node) -> int | None:
     return -(-n // per_row) * per_row
 
 
+def has_unaligned_matmul(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``pad_unaligned_matmuls`` would rewrite anything in ``gm``."""
+    return any(_padded_width(node) is not None for node in gm.graph.nodes)
+
+
 # Views that reshape a result's leading dims and keep its rows: a padded row stride stays valid.
 ROW_KEEPING_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
