@@ -19,6 +19,7 @@ import sympy
 import torch
 
 from torchfuse.codegen.layout import overwritable_inputs, store_order
+from torchfuse.codegen.triton import online_softmax
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
@@ -241,8 +242,11 @@ class KernelRenderer:
                 elif member.stored:
                     self._store_member(member, top)
             return
-        for group in self._loop_groups(reductions):
-            self._reduce_looped(group, top)
+        for group in online_softmax.merge_pairs(self._loop_groups(reductions), self.flat_body):
+            if isinstance(group, online_softmax.OnlinePair):
+                online_softmax.emit_pair(self, group, top)
+            else:
+                self._reduce_looped(group, top)
         for member in members:
             if member.role == "row" and member.stored:
                 self._store_member(member, top)

@@ -40,6 +40,13 @@ def _min(a, b):
 
 
 @jit
+def _rescale(old, new):
+    # online_softmax.py: exp(old - new), 1 where the maxima are equal (nothing summed yet, or
+    # both +inf)
+    return tl.where(old == new, 1.0, tl.exp(old - new))
+
+
+@jit
 def _argmax_combine(a, a_index, b, b_index):
     # NaN counts as the largest value; ties go to the smaller index (as in PyTorch).
     a_nan = a != a
