@@ -65,7 +65,9 @@ def test_rewrite_leaves_other_matmuls_alone(reason, shapes, dtype):
 
 
 @pytest.mark.gpu
-def test_odd_width_matmul_on_the_gpu_matches_eager_with_eager_strides():
+def test_odd_width_matmul_on_the_gpu_matches_eager_and_returns_the_padded_rows():
+    """Inference: the returned logits are the padded result (rows of 1008), what the graph
+    computes from them has eager's strides."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(512, 256, generator=gen).to("cuda", torch.bfloat16)
     w = torch.randn(1001, 256, generator=gen).to("cuda", torch.bfloat16)
@@ -75,8 +77,8 @@ def test_odd_width_matmul_on_the_gpu_matches_eager_with_eager_strides():
         return logits, torch.relu(logits) * 2
 
     got, want = compile_strict(fn)(a, w), fn(a, w)
+    assert got[0].stride() == (1008, 1) and got[1].stride() == want[1].stride()
     for g, e in zip(got, want):
-        assert g.stride() == e.stride()
         torch.testing.assert_close(g, e)
     # The matmul writes rows of 1008 elements; no padded copy of the weight is made.
     ops = [op for g in torchfuse.report().graphs for k in g.kernels for op in k.ops]
@@ -248,4 +250,6 @@ def test_a_training_step_saves_the_padded_logits_and_its_backward_reads_them():
     assert_close(list(got), list(want), torch.bfloat16, reference=list(reference))
     forward = next(g for g in torchfuse.report().graphs if g.kind == "forward")
     assert list(forward.output_strides.values()) == [(3008, 1)], forward.output_strides
-    assert not any("clone" in op for k in forward.kernels for op in k.ops), [k.ops for k in forward.kernels]
+    # no kernel writes a contiguous copy of the logits (readers inline the padded result)
+    written = [w.shape for k in forward.kernels for w in k.writes]
+    assert "bf16[2048, 3001]" not in written, written
