@@ -250,6 +250,7 @@ def test_a_training_step_saves_the_padded_logits_and_its_backward_reads_them():
     assert_close(list(got), list(want), torch.bfloat16, reference=list(reference))
     forward = next(g for g in torchfuse.report().graphs if g.kind == "forward")
     assert list(forward.output_strides.values()) == [(3008, 1)], forward.output_strides
-    # no kernel writes a contiguous copy of the logits (readers inline the padded result)
-    written = [w.shape for k in forward.kernels for w in k.writes]
+    # no generated kernel writes a contiguous copy of the logits (readers inline the padded
+    # result; the matmul, an extern, writes the padded one)
+    written = [w.shape for k in forward.kernels if k.kind != "extern" for w in k.writes]
     assert "bf16[2048, 3001]" not in written, written
