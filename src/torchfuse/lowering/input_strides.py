@@ -35,14 +35,12 @@ def adopt_input_strides(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> 
     traced = {node: node.meta.get("val") for node in gm.graph.nodes}
     for node, example in changed:
         node.meta["val"] = example
-    if _traces_again(gm, [n.meta.get("val") for n in placeholders]):
-        for node, value in traced.items():  # later nodes keep their metadata: layout preferences only
-            if node.op != "placeholder":
-                node.meta["val"] = value
-        return [node.name for node, _ in changed]
-    for node, value in traced.items():
+    views_hold = _traces_again(gm, [n.meta.get("val") for n in placeholders])
+    for node, value in traced.items():  # later nodes keep their metadata: layout preferences only
         if node.op != "placeholder":
             node.meta["val"] = value
+    if views_hold:
+        return [node.name for node, _ in changed]
     for node, _ in changed:
         _read_through_contiguous_copy(gm.graph, node, traced[node])
     gm.recompile()
