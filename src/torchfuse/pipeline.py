@@ -207,8 +207,8 @@ def _report_output_strides(state: CompileState) -> None:
     """Tell aot_autograd the strides of the outputs returned with other strides than traced,
     one entry per output (None: as traced), as Inductor does for its layout choices."""
     reported = getattr(TracingContext.try_get(), "output_strides", None)
-    if reported is None or state.report.kind != "forward":
-        return
+    if reported is None or reported or state.report.kind != "forward":
+        return  # not collected, or already reported (a fallback after the stages had run)
     output = next(n for n in reversed(state.gm.graph.nodes) if n.op == "output")
     values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     strides = dict(state.report.output_strides)
