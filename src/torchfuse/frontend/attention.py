@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 import torch.fx
 import torch.nn.functional as F
+from torch._prims_common import make_contiguous_strides_for
 from torch.utils._python_dispatch import _disable_current_modes
 
 aten = torch.ops.aten
@@ -104,7 +105,7 @@ def backend_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bo
     specs = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.requires_grad) for t in (query, key, value)]
     if attn_mask is not None:  # what the fused op gets: an additive mask, dense (_additive)
         shape = tuple(attn_mask.shape)
-        specs.append((shape, _contiguous_strides(shape), query.dtype, attn_mask.device, attn_mask.requires_grad))
+        specs.append((shape, make_contiguous_strides_for(shape), query.dtype, attn_mask.device, attn_mask.requires_grad))
     key = (*specs, grad, dropout_p, is_causal, scale)
     if key in _chosen:  # a model's layers ask the same question: allocate once
         return _chosen[key]
@@ -124,25 +125,16 @@ def backend_choice(query, key, value, attn_mask, dropout_p: float, is_causal: bo
 
 # Each fused call takes its mask as the composite op hands it over (aten/.../attention.cpp):
 # boolean masks become additive ones, -65504 for cuDNN (its -inf issue) and -inf otherwise, and
-# memory-efficient attention gets rows aligned to 8 elements, expanded to [B, H, L, S]; here the
-# mask is made dense first.
-# The choice is made, and the fused op called, with the mask dense: a mask broadcast by strides
-# of 0 (transformers expands [B, 1, 1, S] to [B, 1, S, S]) can make torch choose math for the
-# strides alone, and a dense copy holds the same values.
+# memory-efficient attention gets rows aligned to 8 elements, expanded to [B, H, L, S]. The choice
+# is made, and the fused op called, with the mask dense: a mask broadcast by strides of 0
+# (transformers expands [B, 1, 1, S] to [B, 1, S, S]) can make torch choose math for the strides
+# alone, and a dense copy holds the same values.
 def _additive(mask: torch.Tensor | None, dtype: torch.dtype, masked_out: float) -> torch.Tensor | None:
     if mask is None:
         return None
     if mask.dtype == torch.bool:
         mask = torch.where(mask.logical_not(), masked_out, torch.zeros((), dtype=dtype, device=mask.device))
     return mask.contiguous()
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _aligned_bias(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """One pass, not two, over a looped row for ``max`` then ``sum(exp(v - max))`` (softmax, log-softmax,
-cross-entropy, logsumexp).
+cross-entropy).
 
 A looped reduction kernel (rows too long to hold, ``kernel.py``) gives each reduction a loop over
 the row; the sum reads the max, so it gets a loop of its own and the row is read twice. Cross-
@@ -37,6 +37,7 @@ from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.printer import tl_dtype
 from torchfuse.ir.expr import Cast, Expr, Load, Op
 from torchfuse.scheduler.kernel import KernelMember
+
 
 @dataclass(frozen=True)
 class OnlinePair:
