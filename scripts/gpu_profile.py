@@ -8,11 +8,11 @@ the -max-autotune ones mode="max-autotune" (autotuning happens in the three sett
 before anything is profiled).
 
 Per case and backend: wall ms per step, summed GPU kernel ms, wall/GPU, kernel launches, host ms
-to issue the step and host microseconds per launch; then torchfuse's top kernels, and its
-generated kernels' bandwidth against a copy (bench/bandwidth.py: the worst three of 64 MB or
-more are printed, every kernel's is in profile.json). Prints a table
-and writes profile.json. torchfuse's launch counters say how many launches went straight to a
-compiled binary. With --host-profile N, N more steps of each backend run under cProfile
+to issue the step and host microseconds per launch, and the memory a step allocates at its peak;
+then torchfuse's top kernels, and its generated kernels' bandwidth against a copy
+(bench/bandwidth.py: the worst three of 64 MB or more are printed, every kernel's is in
+profile.json). Prints a table and writes profile.json. torchfuse's launch counters say how
+many launches went straight to a compiled binary. With --host-profile N, N more steps of each backend run under cProfile
 (host_<case>_<backend>.txt: the functions by own time and by cumulative time), to see where
 the host time of a host-bound step goes. With --op-profile N, N more steps run under
 torch.profiler, CPU side only (ops_<case>_<backend>.txt: ATen ops by their own host time and by
@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 import torchfuse  # noqa: E402
 from torchfuse.bench import bandwidth  # noqa: E402
-from torchfuse.bench.measure import copy_bandwidth_gbs  # noqa: E402
+from torchfuse.bench.measure import copy_bandwidth_gbs, peak_memory_mb  # noqa: E402
 from torchfuse.bench.runner import BACKENDS  # noqa: E402
 from torchfuse.bench.suites import select  # noqa: E402
 from torchfuse.bench.compile_time import compiler_for, use_fresh_caches, warm_up_compilers  # noqa: E402
@@ -109,9 +109,10 @@ def op_profile(step, steps: int, path: Path) -> None:
     path.write_text(text)
 
 
-def write_sources(graphs, top, count: int, folder: Path) -> None:
-    """The slowest ``count`` generated kernels of ``top``, each as its source headed by what the
-    report says it reads and writes, to read their index math offline."""
+def write_sources(graphs, top, count: int, folder: Path, slow_big: list[str] = ()) -> None:
+    """The slowest ``count`` generated kernels of ``top``, and those named in ``slow_big`` (the
+    kernels of 64 MB or more below issue 16's share of copy bandwidth), each as its source headed
+    by what the report says it reads and writes, to read their index math offline."""
     by_name: dict[str, list] = {}
     for graph in graphs:
         for kernel in graph.kernels:
@@ -120,6 +121,7 @@ def write_sources(graphs, top, count: int, folder: Path) -> None:
                 by_name.setdefault(name, []).append(kernel)
     folder.mkdir(parents=True, exist_ok=True)
     slowest = [k for k in sorted(top, key=lambda k: -k.ms) if k.name in by_name][:count]
+    slowest += [k for k in top if k.name in slow_big and k.name in by_name and k not in slowest]
     for timed in slowest:
         kernels = by_name[timed.name]
         header = "".join(f"# {k.name} ({k.label}): reads {k.reads}, writes {k.writes}\n" for k in kernels[:4])
@@ -140,6 +142,7 @@ def main() -> int:
                         help="also run STEPS steps per backend under torch.profiler, CPU side (ops_<case>_<backend>.txt)")
     parser.add_argument("--sources", type=int, default=0, metavar="N",
                         help="write the sources of torchfuse's N slowest generated kernels a case "
+                             "and every one of 64 MB or more below 70%% of copy bandwidth "
                              "(sources_<case>/<kernel>.py, headed by the buffers each reads and writes)")
     parser.add_argument("--out", default="out/profile")
     args = parser.parse_args()
@@ -153,7 +156,7 @@ def main() -> int:
         return 2
     warm_up_compilers(backends, device)
     copy_gbs = copy_bandwidth_gbs(device)
-    rows, tops, failures = [], {}, {}
+    rows, tops, failures, peaks = [], {}, {}, {}
     for case in select("models", device, set(filter(None, args.cases.split(","))) or None):
         if case.missing():
             continue
@@ -169,6 +172,8 @@ def main() -> int:
                 traceback.print_exc()
                 failures[f"{case.name}/{backend}"] = f"{type(exc).__name__}: {exc}"[:300]
                 steps.pop(backend, None)
+        # Memory a step allocates beyond what was live before it (issue 16: at most eager's).
+        peaks[case.name] = {backend: peak_memory_mb(step, device) for backend, step in steps.items()}
         before = (launch.stats.direct, launch.stats.through_triton)
         try:
             # Backends timed in turn, round by round (profile_steps): the machine's slow spells
@@ -182,14 +187,17 @@ def main() -> int:
             rows.append((case.name, backend, profile))
             if backend.startswith("torchfuse"):
                 sizes = bandwidth.generated_kernel_bytes(torchfuse.report().graphs[graphs_before:])
+                shares = bandwidth.kernel_bandwidths(profile.top, sizes, copy_gbs)
                 tops[case.name if backend == "torchfuse" else f"{case.name} ({backend})"] = {
                     "top": [asdict(k) for k in profile.top], "direct": launch.stats.direct - before[0],
                     "through_triton": launch.stats.through_triton - before[1],
-                    "bandwidth": [row.as_dict() for row in bandwidth.kernel_bandwidths(profile.top, sizes, copy_gbs)],
+                    "bandwidth": [row.as_dict() for row in shares],
                     "autotune_gains": autotune_gains() if "max-autotune" in backend else []}
                 if args.sources and backend == "torchfuse":
+                    slow_big = [row.name for row in shares
+                                if row.bytes >= bandwidth.BIG_KERNEL_BYTES and row.share < bandwidth.TARGET_SHARE]
                     write_sources(torchfuse.report().graphs[graphs_before:], profile.top, args.sources,
-                                  Path(args.out) / f"sources_{case.name}")
+                                  Path(args.out) / f"sources_{case.name}", slow_big)
         for backend, step in steps.items():
             if args.host_profile:
                 host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
@@ -202,7 +210,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps({
         "rows": [{"case": c, "backend": b, **asdict(p), "host_us_per_launch": p.host_us_per_launch}
-                 for c, b, p in rows], "torchfuse_top": tops, "failures": failures, "copy_gbs": copy_gbs}, indent=1))
+                 for c, b, p in rows], "torchfuse_top": tops, "failures": failures, "copy_gbs": copy_gbs,
+        "peak_mb": peaks}, indent=1))
     for case, info in tops.items():
         print(f"\n{case}: torchfuse launches (all torchfuse backends of the case) direct {info['direct']}, "
               f"through Triton {info['through_triton']}")
@@ -210,6 +219,9 @@ def main() -> int:
             print(f"  {kernel['ms']:8.3f} ms  x{kernel['calls']:.0f}  {kernel['name']}")
         print("  " + bandwidth.format_bandwidths(case, [bandwidth.KernelBandwidth(**row) for row in info["bandwidth"]])
               + f" (copy {copy_gbs:.0f} GB/s)")
+    print("\npeak MB a step beyond what was live before it:")
+    for case, by_backend in peaks.items():
+        print(f"  {case:<22} " + "  ".join(f"{b} {mb:.0f}" for b, mb in by_backend.items()))
     for name, failure in failures.items():
         print(f"FAILED {name}: {failure}")
     print()
