@@ -1,8 +1,12 @@
 """Loop-invariant values of a looped Triton reduction are computed once, before the loop
 (codegen/scope.py, ``CseWriter._home``): arithmetic on a reduction's result (a row's mean) used
-by a later loop. Memory loads stay in the loop (an empty row's loop never reads). Before, they were recomputed at every step of the
-loop over the row; a variance's ``div_rn`` mean there made batch-norm kernels on the H200 up to
-2x slower. The results must not change: checked against float64 on the interpreter."""
+by a later loop, and loads of kernel inputs at an index without the loop's variable (a
+per-channel scale, a gathered table entry), with the arithmetic on them. Before, they were
+recomputed at every step of the loop over the row: a variance's ``div_rn`` mean made batch-norm
+kernels on the H200 up to 2x slower, and a squeeze-excite pool that loaded four per-channel values
+and took a square root a step ran at 24% of copy bandwidth. Loads at the row's index stay in the
+loop (an empty row's loop never reads), as do loads of an empty buffer. The results must not
+change: checked against float64 on the interpreter."""
 from __future__ import annotations
 
 import re
@@ -11,6 +15,7 @@ import pytest
 import torch
 
 import torchfuse
+from torchfuse.codegen.triton import split
 from conftest import compile_strict
 from opcheck import check_outputs, fallbacks, floats
 
@@ -82,3 +87,40 @@ def test_a_later_loop_uses_the_first_loops_result_computed_once():
     for source in sources:
         for body in loop_bodies(source):
             assert not any(register_arithmetic(line) for line in body), body
+
+
+def test_per_channel_loads_and_their_arithmetic_leave_the_loop(monkeypatch):
+    """An inference batch norm + SiLU pooled over 3136 positions of channels-last activations
+    (EfficientNet's squeeze-excite): the outer reduction's per-channel mean, variance, weight and
+    bias, and the square root and reciprocal on them, come before the loop; a gathered table
+    entry (a relative position bias) and its index too. Unsplit (a split's first stages here
+    hold their rows in one tile). An empty batch still gives eager's."""
+    torchfuse.reset()
+    monkeypatch.setattr(split, "POLICY", split.SplitPolicy(min_elements=1 << 40))
+
+    def fn(x, mean, var, weight, bias, table, index, scores):
+        pooled = torch.nn.functional.silu(torch.nn.functional.batch_norm(x, mean, var, weight, bias)).mean((2, 3))
+        biased = scores + table[index].view(7, 7, -1).permute(2, 0, 1)
+        return pooled, biased.sum(0)
+
+    x = floats((4, 24, 56, 56), torch.float32, specials=[], seed=11).to(memory_format=torch.channels_last)
+    mean, bias = floats((24,), torch.float32, specials=[], seed=12), floats((24,), torch.float32, specials=[], seed=13)
+    var, weight = floats((24,), torch.float32, specials=[], seed=14).abs() + 0.5, floats((24,), torch.float32, specials=[], seed=15)
+    table = floats((13, 3), torch.float32, specials=[], seed=16)
+    index = torch.randint(0, 13, (49,), generator=torch.Generator().manual_seed(17))
+    scores = floats((3000, 3, 7, 7), torch.float32, specials=[], seed=18)
+    compiled = compile_strict(fn, options={"target": "triton"})
+    check_outputs(fn, x, mean, var, weight, bias, table, index, scores, compiled=compiled, scale_tol=True)
+    assert not fallbacks()
+    sources = looped_sources()
+    pooling = [s for s in sources if "sqrt" in s]
+    assert pooling, "the pooling over 3136 positions was expected to loop"
+    for source in pooling:
+        for body in loop_bodies(source):
+            assert not any("sqrt" in line or re.search(r"tl\.load\(ptr\d+ \+ \(+xindex % 24\)", line) for line in body), body
+    gathers = [s for s in sources if "ptr" in s and "* 3)" in s]
+    for source in gathers:
+        for body in loop_bodies(source):
+            assert not any(re.search(r"\(tmp\d+\) \* 3", line) for line in body), body
+    empty = x[:0]
+    check_outputs(fn, empty, mean, var, weight, bias, table, index, scores[:0], compiled=compiled, scale_tol=True)

@@ -132,6 +132,7 @@ class KernelRenderer:
         self.writer = ExpressionWriter(buffers, self._pointer, self._mask, self._resolve_load,
                                        "[1, 1]" if two_d else "[1]")
         self.writer.is_register = lambda name: name in self.registers
+        self.writer.is_kernel_input = self._is_kernel_input
 
     @staticmethod
     def _store_offset(kernel: FusedKernel, buffers: dict[str, Buffer]) -> sympy.Expr | None:
@@ -164,6 +165,12 @@ class KernelRenderer:
         if not self.is_reduction and self.tile2d is None:
             masks = ["xmask"] if "x" in loop_vars else []
         return (", " + " & ".join(masks)) if masks else ""
+
+    def _is_kernel_input(self, buffer: str) -> bool:
+        """Read from memory, not computed by one of this kernel's members. (An input whose memory
+        a row member overwrites, ``scheduler/in_place.py``, is stored after the loop that reads
+        it: a load hoisted before that loop still reads it first.)"""
+        return buffer not in self.members and buffer not in self.registers
 
     def _resolve_load(self, load: Load, scope: Scope):
         if load.buffer in self.registers:
