@@ -53,3 +53,33 @@ def test_cuda_buffers_are_allocated_without_the_dispatcher_and_are_correct():
     index = torch.cuda.current_device()
     assert f"tf_empty_cuda = tf_empty_strided_cuda if tf_cuda_current_device() == {index}" in source, source
     assert "tf_empty_cuda((" in source and "tf_empty_strided(" not in source, source
+
+
+def test_a_backward_graph_frees_each_saved_activation_after_its_last_use():
+    """A backward graph's inputs are the saved activations: each is dropped after the last
+    kernel or ATen call that reads it, not held to the end (the last layers' activations are
+    freed while the first layers' gradients are computed, as eager's autograd frees them)."""
+    torchfuse.reset()
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(4)])
+    reference = [p.detach().clone() for p in layers.parameters()]
+    x = torch.randn(8, 16, requires_grad=True)
+    compiled = compile_strict(layers)
+    compiled(x).square().sum().backward()
+    backward = next(g for g in torchfuse.report().graphs if g.kind == "backward")
+    lines = [line.strip() for line in backward.wrapper_source.splitlines()]
+    work = [i for i, line in enumerate(lines) if "(" in line and not line.startswith(("del ", "#", "return", "def "))]
+    dropped = {name: next((i for i, line in enumerate(lines) if line == f"del {name}"), None)
+               for name in backward.input_buffers if name not in backward.output_buffers}
+    assert dropped and all(line is not None for line in dropped.values()), (dropped, backward.wrapper_source)
+    assert any(line < work[-1] for line in dropped.values()), backward.wrapper_source
+    # the gradients are still eager's
+    eager = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(4)])
+    with torch.no_grad():
+        for p, value in zip(eager.parameters(), reference):
+            p.copy_(value)
+    x_eager = x.detach().clone().requires_grad_()
+    eager(x_eager).square().sum().backward()
+    torch.testing.assert_close(x.grad, x_eager.grad)
+    for ours, theirs in zip(layers.parameters(), eager.parameters()):
+        torch.testing.assert_close(ours.grad, theirs.grad)
