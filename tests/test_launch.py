@@ -55,13 +55,18 @@ def test_block_sizes_follow_the_sizes():
     assert reduction_config(False, 8192, 32_000) == launch.Config(2048, (4, 512), 8)
     # Short rows looped (their length is symbolic) share a program.
     assert reduction_config(False, 100_000, 100) == launch.Config(12_500, (8, 128), 4)
-    # Outer tiles put 32-128 rows on the lanes, RBLOCK reduced indices a step.
-    assert reduction_config(False, 65_536, 784, outer=True) == launch.Config(512, (128, 16), 8)
-    # Too few programs even at 32 lanes: longer steps.
-    assert reduction_config(False, 768, 4096, outer=True) == launch.Config(24, (32, 128), 8)
+    # Outer tiles put 32-128 rows on the lanes, RBLOCK reduced indices a step: 2048 elements
+    # a step when the grid has programs enough to keep memory busy.
+    assert reduction_config(False, 1 << 20, 784, outer=True) == launch.Config(8192, (128, 16), 8)
+    # Under 2 x MIN_PROGRAMS programs, tiles grow toward IN_FLIGHT_ELEMENTS over the grid
+    # (EfficientNet's squeeze-excite pool, 18432 outputs of 3136: [64 x 32] -> [64 x 128]).
+    assert reduction_config(False, 65_536, 784, outer=True) == launch.Config(512, (128, 32), 8)
+    assert reduction_config(False, 18_432, 3136, outer=True) == launch.Config(288, (64, 128), 8)
+    # Too few programs even at 32 lanes: longer steps, up to MAX_OUTER_TILE elements.
+    assert reduction_config(False, 768, 4096, outer=True) == launch.Config(24, (32, 256), 8)
     # A small looped one (a batch norm's second stage, 72 channels x 896 partials) gets as many
-    # programs as 32 lanes allow, and 7 steps a loop (it was one program of 56).
-    assert reduction_config(False, 72, 896, outer=True) == launch.Config(3, (32, 128), 8)
+    # programs as 32 lanes allow, and 4 steps a loop (it was one program of 56).
+    assert reduction_config(False, 72, 896, outer=True) == launch.Config(3, (32, 256), 8)
     assert reduction_config(True, 2048, 128, outer=True) == launch.Config(64, (32, 128), 8)
     assert reduction_config(True, 256, 64, outer=True) == launch.Config(4, (64, 64), 8)  # small: tiles kept
     # A few reduced elements (grouped-query heads' gradients, 4 a group): longer lanes, 2048 a

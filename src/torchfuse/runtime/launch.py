@@ -55,6 +55,12 @@ LOOPED_ROWS_TILE = (4, 512)
 # every grid, measured on the H200: a column sum 63 -> 58 us, channels-last batch-norm
 # statistics 63 -> 93 us.)
 OUTER_XBLOCK, OUTER_TILE, FEW_PROGRAMS_TILE = 128, 2048, 4096
+# A looped outer program has one tile of loads in flight at a time, so a grid of a few programs
+# an SM is bound by memory latency, not bandwidth: bytes in flight ~ programs x tile bytes, and
+# ~1 us of latency makes 4 KB tiles at 2-3 programs an SM ~1.2 TB/s (EfficientNet's squeeze-
+# excite pools on the H200: 288 and 384 programs of [64 x 32] / [32 x 64] bf16 tiles, 1.0-1.2
+# TB/s). Grids under 2 x MIN_PROGRAMS take tiles of IN_FLIGHT_ELEMENTS / grid, up to MAX_OUTER_TILE.
+IN_FLIGHT_ELEMENTS, MAX_OUTER_TILE = 1 << 21, 8192
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
 # kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
@@ -221,9 +227,18 @@ def _outer_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
         # kernel: fewer lanes a program buy more programs and longer steps (a batch norm's second
         # stage, 72 outputs x 896 partials, was one program of 56 steps a loop: 133 us on the H200).
         xblock = _fill_the_gpu(xnumel, rnumel, xblock, OUTER_MIN_XBLOCK, small_too=True)
-        tile = OUTER_TILE if cdiv(xnumel, xblock) >= MIN_PROGRAMS else FEW_PROGRAMS_TILE
-        rblock = max(2, min(next_power_of_2(rnumel), tile // xblock))
+        rblock = max(2, min(next_power_of_2(rnumel), _outer_loop_tile(cdiv(xnumel, xblock)) // xblock))
     return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 2048 else 4)
+
+
+def _outer_loop_tile(grid: int) -> int:
+    """Elements a looped outer program loads a step, for a grid of ``grid`` programs: OUTER_TILE,
+    FEW_PROGRAMS_TILE under MIN_PROGRAMS, and enough for IN_FLIGHT_ELEMENTS over the grid
+    under 2 x MIN_PROGRAMS."""
+    tile = OUTER_TILE if grid >= MIN_PROGRAMS else FEW_PROGRAMS_TILE
+    if grid < 2 * MIN_PROGRAMS:
+        tile = max(tile, min(MAX_OUTER_TILE, next_power_of_2(cdiv(IN_FLIGHT_ELEMENTS, grid))))
+    return tile
 
 
 def _fill_the_gpu(xnumel: int, rnumel: int, xblock: int, floor: int, small_too: bool = False) -> int:

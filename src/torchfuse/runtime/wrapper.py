@@ -74,7 +74,7 @@ class WrapperWriter:
         # ones the first layers' gradients no longer need are freed as the graph goes on, as
         # eager's autograd frees them. Kept to the end, ViT-B/16's training step peaked 336 MB
         # above eager's on the H200 (all activations alive beside all weight gradients).
-        self.live.update(b.name for b in self.graph.inputs)
+        self.live.update(b.name for b in self.graph.inputs if b.name in self.graph.buffers)  # not SymInts
         group_of = {part: name for name, parts in self.plan.launch_groups.items() for part in parts}
         for step, item in enumerate(self.plan.items):
             if isinstance(item, FusedKernel) and item.name in group_of:
