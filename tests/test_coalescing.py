@@ -108,6 +108,31 @@ def embedding_backward(grad, indices):
     return torch.ops.aten.embedding_dense_backward(grad, indices, 30522, 0, False)
 
 
+def swiglu_grad_cat(grad_h, gate, up):
+    """A LLaMA block's SwiGLU backward through the fused projection's ``chunk``: the gate and up
+    gradients, each computed where it is written, concatenated along the features."""
+    g, u, d = gate.float(), up.float(), grad_h.float()
+    s = torch.sigmoid(g)
+    return torch.cat([(d * u * s * (1 + g * (1 - s))).to(gate.dtype), (d * g * s).to(gate.dtype)], -1)
+
+
+def rotate_half(x):
+    """Rotary embeddings' half rotation of [B, S, H, D] queries: a cat of the negated back half and
+    the front half."""
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat([-x2, x1], -1)
+
+
+def pad_features(x):
+    return torch.nn.functional.pad(x, (0, 8))
+
+
+def bn_relu_max_pool(x, scale, shift):
+    """ResNet's stem: batch norm + ReLU + a padded 3x3 max pool over channels-last activations."""
+    y = torch.relu(x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1))
+    return torch.nn.functional.max_pool2d(y, 3, 2, 1)
+
+
 CASES = {
     "column_sum": (column_sum, lambda: (torch.randn(8192, 768),)),
     "full_sum": (full_sum, lambda: (torch.randn(4096, 2048, dtype=torch.bfloat16),)),
@@ -128,7 +153,15 @@ CASES = {
                       lambda: (torch.randn(8, 12, 512, 64, dtype=torch.bfloat16),)),
     "embedding_backward": (embedding_backward, lambda: (torch.randn(8 * 512, 768, dtype=torch.bfloat16),
                                                         torch.randint(0, 30522, (8 * 512,)))),
+    "swiglu_grad_cat": (swiglu_grad_cat, lambda: tuple(torch.randn(4096, 2048, dtype=torch.bfloat16) for _ in range(3))),
+    "rotate_half": (rotate_half, lambda: (torch.randn(8, 512, 32, 128, dtype=torch.bfloat16),)),
+    "pad_features": (pad_features, lambda: (torch.randn(8192, 768, dtype=torch.bfloat16),)),
+    "bn_relu_max_pool_channels_last": (bn_relu_max_pool, lambda: (_channels_last(32, 64, 112, 112).to(torch.bfloat16),
+                                                                  torch.randn(64, dtype=torch.bfloat16),
+                                                                  torch.randn(64, dtype=torch.bfloat16))),
 }
+# Cases that read a region of an input under a condition (cat, pad, a padded pooling window).
+REGIONS = {"swiglu_grad_cat", "rotate_half", "pad_features", "bn_relu_max_pool_channels_last"}
 # Cases whose 1-D kernel would read (or write) across its lanes: each must be tiled in 2-D.
 TILED = {"transposed_add", "nchw_to_channels_last", "channels_last_to_nchw", "key_transpose"}
 
@@ -395,3 +428,71 @@ def test_triton_coalesces_both_sides_of_a_tile(case):
     assert _memory_orders(compiled.asm["ttgir"]) == {(0, 1), (1, 0)}
     widths = [int(lanes or 1) * int(bits) for lanes, bits in GLOBAL_ACCESS.findall(compiled.asm["ptx"])]
     assert widths and all(w == 128 for w in widths), (sorted(set(widths)), rendered.source)
+
+
+@pytest.mark.parametrize("case", sorted(REGIONS))
+def test_region_reads_are_vectorized(case):
+    """A region's load is masked by its condition, not clamped into its source: Triton's axis
+    analysis gives ``tl.minimum``/``tl.maximum`` of an index a contiguity of 1, and the load
+    becomes one 2-byte instruction per element (codegen/triton/guards.py). Compiled for sm_90,
+    every global access of these kernels moves 16 bytes."""
+    fn, make = CASES[case]
+    graph, kernels = _rendered(fn, make())
+    for _, rendered in kernels:
+        compiled = _compile_for_sm90(rendered, graph)
+        widths = [int(lanes or 1) * int(bits) for lanes, bits in GLOBAL_ACCESS.findall(compiled.asm["ptx"])]
+        assert widths and all(w == 128 for w in widths), (sorted(set(widths)), rendered.source)
+
+
+# Region cases at small odd sizes, for the bounds check below (it evaluates every lane).
+SMALL_REGIONS = {
+    "swiglu_grad_cat": (swiglu_grad_cat, lambda: tuple(torch.randn(7, 13, dtype=torch.bfloat16) for _ in range(3))),
+    "rotate_half": (rotate_half, lambda: (torch.randn(2, 5, 3, 6),)),
+    "nested_cat": (lambda q, k, v: torch.cat([rotate_half(q) * 2, rotate_half(k).exp(), v], -1),
+                   lambda: (torch.randn(3, 5, 6), torch.randn(3, 5, 6), torch.randn(3, 5, 7))),
+    "pad_both_sides_and_crop": (lambda x: torch.nn.functional.pad(x, (2, 3, -1, 2)) * 2, lambda: (torch.randn(5, 7, 11),)),
+    "bn_relu_max_pool_channels_last": (bn_relu_max_pool, lambda: (_channels_last(2, 5, 9, 9), torch.randn(5),
+                                                                  torch.randn(5))),
+    "max_pool_ceil_mode": (lambda x: torch.nn.functional.max_pool2d(x.relu(), 3, 2, 1, ceil_mode=True),
+                           lambda: (torch.randn(2, 3, 10, 10),)),
+}
+
+
+def _load_accesses(source: str) -> list[tuple[str, str, str]]:
+    """(pointer, offset text, mask text or "") of every ``tl.load(ptrN + (...), mask, other=0)``."""
+    found = []
+    for match in re.finditer(r"tl\.load\((ptr\d+) \+ \(", source):
+        depth, end = 1, match.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            end += 1
+        rest = source[end:end + source[end:].index("\n")]
+        mask = rest[2:rest.index(", other=")] if rest.startswith(", ") else ""
+        found.append((match.group(1), source[match.end():end - 1], mask))
+    return found
+
+
+@pytest.mark.parametrize("case", sorted(SMALL_REGIONS))
+def test_region_reads_stay_inside_their_buffers(case):
+    """Masked instead of clamped, a region's load computes addresses outside its source on the
+    lanes of the other regions (and, nested, on those of an outer region's others): its mask
+    must exclude every one of them. Evaluated on every lane with numpy."""
+    fn, make = SMALL_REGIONS[case]
+    graph, kernels = _rendered(fn, make())
+    masked = 0
+    for kernel, rendered in kernels:
+        assert rendered.kind == "pointwise" and rendered.tile is None, rendered.source
+        xindex = np.arange(int(rendered.xnumel), dtype=np.int64).view(_Values)
+        pointers = {f"ptr{i}": name for i, name in enumerate(rendered.pointer_args)}
+        names = _Definitions(rendered.source, {"tl": _FakeTl, "xindex": xindex, "xmask": xindex >= 0,
+                                               **{p: _Pointer() for p in pointers}})
+        for pointer, offset_text, mask_text in _load_accesses(rendered.source):
+            buffer = graph.buffers[pointers[pointer]]
+            extent = 1 + sum((int(n) - 1) * int(st) for n, st in zip(buffer.shape, buffer.strides))
+            offset = np.broadcast_to(np.asarray(eval(offset_text, {"tl": _FakeTl}, names)), xindex.shape)
+            mask = np.broadcast_to(np.asarray(eval(mask_text, {"tl": _FakeTl}, names)), xindex.shape) if mask_text else True
+            read = offset[mask] if mask_text else offset
+            assert read.size == 0 or (read.min() >= 0 and read.max() < extent), \
+                (kernel.name, pointer, offset_text, mask_text, int(read.min()), int(read.max()), extent, rendered.source)
+            masked += "&" in mask_text
+    assert masked, "no region load was masked: the case no longer tests guards.py"

@@ -140,6 +140,34 @@ def test_stack_and_dynamic_cat():
     assert not fallbacks()
 
 
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat([-x2, x1], -1)
+
+
+def test_nested_cats_of_computed_values():
+    """Rotary embeddings' half rotation inside the cat of q, k and v, each part computed in the
+    kernel: an inner region's condition is on the outer region's index (on the Triton target,
+    where both are masks instead of clamps, codegen/triton/guards.py)."""
+    fn = lambda q, k, v, cos: torch.cat([q * cos + _rotate_half(q) * 2, k.sigmoid() + _rotate_half(k), v], -1)
+    check(fn, randn(3, 5, 2, 6), randn(3, 5, 2, 6, transposed=True), randn(3, 5, 2, 7), randn(5, 1, 6))
+
+
+def test_reductions_over_a_cat_and_a_padded_row():
+    """The regions' conditions are on the reduced axis: masked loads inside the reduction's loop."""
+    fn = lambda a, b: (torch.cat([a.exp(), b * 2], 1).sum(1), F.pad(a, (3, 2), value=-1.0).amax(1),
+                       torch.cat([a, b], 0).mean(0))
+    check(fn, randn(7, 13), randn(7, 13))
+
+
+def test_nested_cat_with_dynamic_sizes():
+    compiled = compile_strict(lambda a, b: torch.cat([_rotate_half(a), b * 2], -1) + 1, dynamic=True)
+    for rows, half, extra in [(3, 4, 5), (6, 7, 2)]:
+        a, b = randn(rows, 2 * half), randn(rows, extra)
+        assert_close(compiled(a, b), torch.cat([_rotate_half(a), b * 2], -1) + 1)
+    assert not fallbacks()
+
+
 # -- constant_pad_nd --------------------------------------------------------------------------
 @pytest.mark.parametrize("pad", [(1, 2), (1, 2, -1, 3), (-2, -3), (0, 0, 2, 0, 1, 1)])
 def test_constant_pad(pad):

@@ -50,6 +50,10 @@ class ModIndex(sympy.Function):
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer:
             return sympy.Integer(int(base) % int(divisor))
+        if isinstance(base, ModIndex) and (base.args[1] / divisor).is_integer:
+            # (b % (k * d)) % d == b % d. Also for Triton's sake: its axis analysis finds no
+            # contiguity in a remainder of a remainder, and loads at such an index go scalar.
+            return ModIndex(base.args[0], divisor)
         multiple, rest = _split_multiples(base, divisor)
         if multiple != 0 and _nonnegative(rest):  # (k * d + r) % d == r % d, for r >= 0 here
             return ModIndex(rest, divisor)
@@ -151,7 +155,8 @@ def contiguous_strides(shape) -> tuple[sympy.Expr, ...]:
 
 
 def simplify_index(expr: sympy.Expr) -> sympy.Expr:
-    """Expand and fold ``d * (x // d) + x % d`` back into ``x`` (views that merge dims make it)."""
+    """Expand and fold ``d * (x // d) + x % d`` back into ``x`` (views that merge dims make it),
+    and ``d * ((x % m) // d) + x % d`` into ``x % m``."""
     return _simplify_index(sympy.sympify(expr))
 
 
@@ -178,10 +183,22 @@ def _fold_div_mod(expr: sympy.Expr) -> sympy.Expr:
         wanted_coeff, wanted_div = coeff * divisor, FloorDiv(base, divisor)
         for div_term in terms:
             div_coeff, div = _coeff_of_function(div_term, FloorDiv)
-            if div is not None and div == wanted_div and sympy.simplify(div_coeff - wanted_coeff) == 0:
-                remaining = [t for t in terms if t is not mod_term and t is not div_term]
+            if div is None or sympy.simplify(div_coeff - wanted_coeff) != 0:
+                continue
+            remaining = [t for t in terms if t is not mod_term and t is not div_term]
+            if div == wanted_div:
                 return sympy.Add(*remaining) + coeff * base
+            if _splits_remainder(div, base, divisor):  # d * ((x % (k*d)) // d) + x % d
+                return sympy.Add(*remaining) + coeff * div.args[0]
     return expr
+
+
+def _splits_remainder(div: sympy.Expr, base: sympy.Expr, divisor: sympy.Expr) -> bool:
+    """Whether ``div`` is ``(base % m) // divisor`` for an ``m`` that ``divisor`` divides (then
+    ``divisor * div + base % divisor == base % m``; ``(base % m) % divisor`` folds to the latter)."""
+    inner, by = div.args
+    return (by == divisor and isinstance(inner, ModIndex) and inner.args[0] == base
+            and bool((inner.args[1] / divisor).is_integer))
 
 
 def _coeff_of_function(term: sympy.Expr, function: type) -> tuple[sympy.Expr, sympy.Expr | None]:

@@ -8,6 +8,7 @@ import sympy
 import torch
 
 from torchfuse.codegen.scope import CseWriter, Scope  # noqa: F401  (Scope re-exported)
+from torchfuse.codegen.triton.guards import GuardedLoad, guard_branches, unclamp
 from torchfuse.codegen.triton.ops import OPERATOR_OPS, TRITON_OPS
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where, index_symbols
@@ -52,7 +53,15 @@ class ExpressionWriter(CseWriter):
         # Whether a buffer is read from memory only, never computed in this kernel (set by
         # reduction kernels: such a load at an index without the loop's variable is hoisted).
         self.is_kernel_input: Callable[[str], bool] = lambda name: False
+        # Where nodes whose branches' loads are already guarded (guards.py), by id; the dict
+        # keeps them alive so an id is never reused.
+        self._guarded: dict[int, Expr] = {}
         super().__init__()
+
+    def value(self, expr, scope: Scope):
+        if isinstance(expr, Where) and id(expr) not in self._guarded:
+            expr = guard_branches(expr, done=self._guarded)
+        return super().value(expr, scope)
 
     def tensor(self, expr: Expr, scope: Scope) -> str:
         """``expr`` as a tensor (scalars are widened with tl.full)."""
@@ -103,6 +112,8 @@ class ExpressionWriter(CseWriter):
             return self._assign(f"{text}" if is_tensor else text, is_tensor, scope, cast=expr.dtype)
         if isinstance(expr, Load):
             return self._emit_load(expr, scope)
+        if isinstance(expr, GuardedLoad):
+            return self._emit_guarded_load(expr, scope)
         if isinstance(expr, Cast):
             return self._emit_cast(expr, scope)
         if isinstance(expr, Where):
@@ -156,6 +167,22 @@ class ExpressionWriter(CseWriter):
             return resolved
         if isinstance(resolved, Expr):
             return self.value(resolved, scope)
+        return self._emit_memory_load(expr, scope)
+
+    def _emit_guarded_load(self, expr: GuardedLoad, scope: Scope) -> Value:
+        """A load one side of a Where needs only where it is taken: a memory load masked by the
+        facts instead of clamped, where they prove the clamps idle; a producer inlined here
+        keeps the facts for its own loads."""
+        resolved = self.resolve_load(expr.load, scope)
+        if isinstance(resolved, Value):
+            return resolved
+        if isinstance(resolved, Expr):
+            return self.value(guard_branches(resolved, expr.facts, self._guarded), scope)
+        load, guard = unclamp(expr.load, expr.facts)
+        return self._emit_memory_load(load, scope, guard)
+
+    def _emit_memory_load(self, expr: Load, scope: Scope, guard: Expr | None = None) -> Value:
+        """``expr`` read from memory; where ``guard`` is given, only on the lanes it holds."""
         buffer = self.buffers[expr.buffer]
         offset_terms, loop_vars = [], set()
         direct = sympy.Integer(0)  # relative to data_ptr(), which includes the storage offset
@@ -169,9 +196,13 @@ class ExpressionWriter(CseWriter):
             else:
                 direct = direct + entry * stride
         direct = simplify_index(direct)
-        loop_vars |= {s.name[0] for s in direct.free_symbols if s.name[:1] in TENSOR_INDEX_PREFIXES}
+        loop_vars |= {s.name[0] for s in direct.free_symbols if _is_block_symbol(s)}
+        if guard is not None:  # the guard's lanes are the mask's too
+            loop_vars |= {s.name[0] for s in index_symbols(guard) if _is_block_symbol(s)}
         offset = " + ".join([self.index_text(direct)] + offset_terms)
         mask = self.mask_for(loop_vars)
+        if guard is not None:
+            mask = f"{mask} & {self.tensor(guard, scope)}" if mask else f", {self.tensor(guard, scope)}"
         other = ", other=0" if mask else ""
         text = f"tl.load({self.pointer_of(expr.buffer)} + ({offset}){mask}{other})"
         if buffer.dtype == torch.bool:
@@ -194,6 +225,10 @@ class ExpressionWriter(CseWriter):
 
     def _note_sizes(self, expr: sympy.Expr) -> None:
         self.sizes_used |= size_symbols(expr)
+
+
+def _is_block_symbol(symbol: sympy.Symbol) -> bool:
+    return symbol.name[:1] in TENSOR_INDEX_PREFIXES
 
 
 def _special_pow(expr: Op, writer: ExpressionWriter, scope: Scope) -> Value | None:
