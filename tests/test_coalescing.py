@@ -123,6 +123,13 @@ def rotate_half(x):
     return torch.cat([-x2, x1], -1)
 
 
+def heads_cat(q, k, v):
+    """An attention block's q, k and v gradients, [B, H, S, D], into the fused projection's
+    [B, S, 3 * H * D] gradient: each head's D elements are one contiguous run."""
+    b, h, s, d = q.shape
+    return torch.cat([t.transpose(1, 2).reshape(b, s, h * d) for t in (q, k, v)], -1)
+
+
 def pad_features(x):
     return torch.nn.functional.pad(x, (0, 8))
 
@@ -430,13 +437,21 @@ def test_triton_coalesces_both_sides_of_a_tile(case):
     assert widths and all(w == 128 for w in widths), (sorted(set(widths)), rendered.source)
 
 
-@pytest.mark.parametrize("case", sorted(REGIONS))
+# Kernels whose every access must compile to 16-byte instructions: the region cases, and reads
+# in runs of 16 elements (64 bytes: whole sectors, so not a coalescing problem, but Triton must
+# still see the runs through the index's div/mod).
+VECTORIZED = {**{name: CASES[name] for name in REGIONS},
+              "heads_cat": (heads_cat, lambda: tuple(torch.randn(8, 8, 512, 16) for _ in range(3)))}
+
+
+@pytest.mark.parametrize("case", sorted(VECTORIZED))
 def test_region_reads_are_vectorized(case):
     """A region's load is masked by its condition, not clamped into its source: Triton's axis
     analysis gives ``tl.minimum``/``tl.maximum`` of an index a contiguity of 1, and the load
     becomes one 2-byte instruction per element (codegen/triton/guards.py). Compiled for sm_90,
-    every global access of these kernels moves 16 bytes."""
-    fn, make = CASES[case]
+    every global access of these kernels moves 16 bytes. ``(x % 384) // 16`` in an index hides
+    its runs from the same analysis: it is written ``(x // 16) % 24`` (ir/symbols.py)."""
+    fn, make = VECTORIZED[case]
     graph, kernels = _rendered(fn, make())
     for _, rendered in kernels:
         compiled = _compile_for_sm90(rendered, graph)

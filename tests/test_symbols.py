@@ -20,6 +20,14 @@ def test_a_remainder_of_a_remainder_by_a_divisor_folds():
     assert ModIndex(ModIndex(X, S), 2 * S) != ModIndex(X, 2 * S)
 
 
+def test_a_quotient_of_a_remainder_is_a_remainder_of_a_quotient():
+    """Triton's axis analysis finds the runs of equal values in ``(x // 16) % 8`` and none in
+    ``(x % 128) // 16``: a load at an index with the latter goes one element an instruction."""
+    assert FloorDiv(ModIndex(X, 128), 16) == ModIndex(FloorDiv(X, 16), 8)
+    assert FloorDiv(ModIndex(X, 4 * S), S) == ModIndex(FloorDiv(X, S), 4)
+    assert FloorDiv(ModIndex(X, 100), 16) != ModIndex(FloorDiv(X, 16), sympy.Rational(100, 16))
+
+
 def test_the_parts_of_a_remainder_fold_back_into_it():
     """A rotary embedding's head split of a row of q, k and v: (x % 768) // 64 * 64 + x % 64."""
     split = FloorDiv(ModIndex(X, 768), 64) * 64 + ModIndex(ModIndex(X, 768), 64)

@@ -31,6 +31,10 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(base) // int(divisor))
         if isinstance(base, FloorDiv):  # (a // b) // c == a // (b * c)
             return FloorDiv(base.args[0], base.args[1] * divisor)
+        if isinstance(base, ModIndex) and (base.args[1] / divisor).is_integer:
+            # (a % (k * d)) // d == (a // d) % k: Triton's axis analysis finds the runs of equal
+            # values in the latter and none in the former (a load at such an index goes scalar).
+            return ModIndex(FloorDiv(base.args[0], divisor), base.args[1] / divisor)
         # floor((k * d + r) / d) == k + floor(r / d) for any integer k.
         multiple, rest = _split_multiples(base, divisor)
         if multiple != 0 and _nonnegative(rest):  # the rest must stay a valid (>= 0) base
@@ -156,7 +160,7 @@ def contiguous_strides(shape) -> tuple[sympy.Expr, ...]:
 
 def simplify_index(expr: sympy.Expr) -> sympy.Expr:
     """Expand and fold ``d * (x // d) + x % d`` back into ``x`` (views that merge dims make it),
-    and ``d * ((x % m) // d) + x % d`` into ``x % m``."""
+    and ``d * ((x // d) % k) + x % d`` into ``x % (k * d)``."""
     return _simplify_index(sympy.sympify(expr))
 
 
@@ -188,17 +192,13 @@ def _fold_div_mod(expr: sympy.Expr) -> sympy.Expr:
             remaining = [t for t in terms if t is not mod_term and t is not div_term]
             if div == wanted_div:
                 return sympy.Add(*remaining) + coeff * base
-            if _splits_remainder(div, base, divisor):  # d * ((x % (k*d)) // d) + x % d
-                return sympy.Add(*remaining) + coeff * div.args[0]
+        for split_term in terms:  # d * ((x // d) % k) + x % d == x % (k * d)
+            split_coeff, split = _coeff_of_function(split_term, ModIndex)
+            if (split is not None and split is not mod and split.args[0] == wanted_div
+                    and sympy.simplify(split_coeff - wanted_coeff) == 0):
+                remaining = [t for t in terms if t is not mod_term and t is not split_term]
+                return sympy.Add(*remaining) + coeff * ModIndex(base, divisor * split.args[1])
     return expr
-
-
-def _splits_remainder(div: sympy.Expr, base: sympy.Expr, divisor: sympy.Expr) -> bool:
-    """Whether ``div`` is ``(base % m) // divisor`` for an ``m`` that ``divisor`` divides (then
-    ``divisor * div + base % divisor == base % m``; ``(base % m) % divisor`` folds to the latter)."""
-    inner, by = div.args
-    return (by == divisor and isinstance(inner, ModIndex) and inner.args[0] == base
-            and bool((inner.args[1] / divisor).is_integer))
 
 
 def _coeff_of_function(term: sympy.Expr, function: type) -> tuple[sympy.Expr, sympy.Expr | None]:
