@@ -130,6 +130,13 @@ def heads_cat(q, k, v):
     return torch.cat([t.transpose(1, 2).reshape(b, s, h * d) for t in (q, k, v)], -1)
 
 
+def probs_and_transposed_grad(p, g, s):
+    """T5's attention backward under autocast: P cast for one matmul, dS = g - P * s cast, transposed,
+    for another (a node over the transposed space whose buffer keeps dS's order)."""
+    ds = g - p * s.unsqueeze(-1)
+    return p.to(torch.bfloat16), ds.transpose(-1, -2).to(torch.bfloat16)
+
+
 def pad_features(x):
     return torch.nn.functional.pad(x, (0, 8))
 
@@ -163,6 +170,8 @@ CASES = {
     "swiglu_grad_cat": (swiglu_grad_cat, lambda: tuple(torch.randn(4096, 2048, dtype=torch.bfloat16) for _ in range(3))),
     "rotate_half": (rotate_half, lambda: (torch.randn(8, 512, 32, 128, dtype=torch.bfloat16),)),
     "pad_features": (pad_features, lambda: (torch.randn(8192, 768, dtype=torch.bfloat16),)),
+    "probs_and_transposed_grad": (probs_and_transposed_grad, lambda: (torch.randn(64, 512, 512), torch.randn(64, 512, 512),
+                                                                      torch.randn(64, 512))),
     "bn_relu_max_pool_channels_last": (bn_relu_max_pool, lambda: (_channels_last(32, 64, 112, 112).to(torch.bfloat16),
                                                                   torch.randn(64, dtype=torch.bfloat16),
                                                                   torch.randn(64, dtype=torch.bfloat16))),

@@ -168,6 +168,22 @@ def test_nested_cat_with_dynamic_sizes():
     assert not fallbacks()
 
 
+# -- kernel-mates over transposed spaces ---------------------------------------------------------
+def test_a_transposed_kernel_mate_computes_at_its_mates_points(compile_target):
+    """An attention backward casts P for one matmul and dS, transposed, for another: dS's node is
+    over the transposed space. It joins P's kernel computing at P's points (scheduler/alignment.py),
+    so P is read once, at one index (placed in order it was read again at (j, i), across lanes)."""
+    def fn(p, g, s):
+        ds = g - p * s.unsqueeze(-1)
+        return p * 2, (ds * 3).transpose(-1, -2).clone()
+    p, g = randn(3, 2, 17, 17), randn(3, 2, 17, 17)
+    check(fn, p, g, randn(3, 2, 17))
+    assert generated_kernel_count() == 1
+    if compile_target == "triton":
+        (source,) = [k.source for graph in torchfuse.report().graphs for k in graph.kernels if k.source]
+        assert source.count("tl.load(") == 3 and "YBLOCK" not in source, source
+
+
 # -- constant_pad_nd --------------------------------------------------------------------------
 @pytest.mark.parametrize("pad", [(1, 2), (1, 2, -1, 3), (-2, -3), (0, 0, 2, 0, 1, 1)])
 def test_constant_pad(pad):

@@ -11,7 +11,9 @@ from typing import Union
 
 import sympy
 
-from torchfuse.ir.graph import Pointwise, Reduction, Shape
+from torchfuse.ir.expr import Expr
+from torchfuse.ir.graph import Buffer, Pointwise, Reduction, Shape
+from torchfuse.scheduler.alignment import aligned_row_map
 from torchfuse.ir.symbols import index_vars
 from torchfuse.scheduler.decisions import FusionDecision
 from torchfuse.scheduler.kernel import FusedKernel, KernelMember
@@ -65,19 +67,25 @@ def full_map(node_vars, red: Reduction, red_map: dict) -> dict:
     return mapping
 
 
-def place(node: Node, kernel: FusedKernel) -> Placement | FusionDecision:
+def place(node: Node, kernel: FusedKernel, own_body: Expr | None = None,
+          buffers: dict[str, Buffer] | None = None) -> Placement | FusionDecision:
+    """``own_body`` (the node's body with producers inlined) and ``buffers``: to align a pointwise
+    node with a pointwise kernel's members (alignment.py)."""
     if kernel.kind == "scatter":
         # Its buffer is complete only when every program's additions are done, and its points
         # are source elements, not destination elements: nothing shares its loop.
         return FusionDecision.no(f"{kernel.name} is an accumulating scatter: it runs alone")
     if isinstance(node, Reduction):
         return _place_reduction(node, kernel)
-    return _place_pointwise(node, kernel)
+    return _place_pointwise(node, kernel, own_body, buffers)
 
 
-def _place_pointwise(node: Pointwise, kernel: FusedKernel) -> Placement | FusionDecision:
+def _place_pointwise(node: Pointwise, kernel: FusedKernel, own_body: Expr | None,
+                     buffers: dict[str, Buffer] | None) -> Placement | FusionDecision:
     mapping = row_map(node.vars, node.shape, kernel.x_ranges)
     if mapping is not None:
+        if own_body is not None and buffers is not None and kernel.kind == "pointwise" and kernel.members:
+            mapping = aligned_row_map(node, own_body, kernel, mapping, buffers)
         return Placement(kernel.x_ranges, kernel.r_ranges, mapping, "row")
     for member in kernel.members:
         red = member.node

@@ -257,7 +257,7 @@ class _SchedulerState:
     def _try_join(self, node, own_body: Expr, reads: set[str], kernel: FusedKernel, worth_fusing) -> FusionDecision:
         if node.device != kernel.device:
             return FusionDecision.no(f"runs on {node.device}, the kernel on {kernel.device}: a kernel runs on one device")
-        result = placing.place(node, kernel)
+        result = placing.place(node, kernel, own_body, self.graph.buffers)
         if isinstance(result, FusionDecision):
             return result
         if self._would_cycle(reads, kernel):
