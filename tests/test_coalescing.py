@@ -301,37 +301,44 @@ def _offsets(source: str) -> list[tuple[str, str, str]]:
     return found
 
 
+def _accesses_at(rendered, buffers, pid: int, roffset: int):
+    """(kind, buffer, offsets, mask) of every load and store of ``rendered`` for program ``pid``
+    at loop offset ``roffset``, offsets broadcast to the tile's shape."""
+    xnumel, rnumel = int(rendered.xnumel), int(rendered.rnumel)
+    blocks = _launcher(rendered).config(xnumel, rnumel).blocks()
+    _FakeTl.pid = pid
+    scope = {"tl": _FakeTl, "roffset": roffset, **blocks}
+    for name, text in _index_lines(rendered.source).items():
+        scope[name] = eval(text, scope)
+    xindex = scope["xindex"]
+    rindex = scope.get("rindex", np.zeros((1,) * xindex.ndim, np.int64))
+    if rendered.tile is not None:
+        _, ynumel, x_extent = rendered.tile
+        mask = (scope["yindex"] < ynumel) & (xindex < x_extent)
+    else:
+        mask = (xindex < xnumel) & (rindex < max(rnumel, 1))
+    pointers = {f"ptr{i}": name for i, name in enumerate(rendered.pointer_args)}
+    names = _Definitions(rendered.source, {**scope, "rindex": rindex, "xmask": xindex < xnumel,
+                                           "rmask": rindex < max(rnumel, 1), **{p: _Pointer() for p in pointers}})
+    for kind, pointer, text in _offsets(rendered.source):
+        offset = np.broadcast_to(np.asarray(eval(text, {"tl": _FakeTl}, names)), mask.shape)
+        yield kind, buffers[pointers[pointer]], offset, mask
+
+
 def _check_kernel(kernel, rendered, buffers) -> list[str]:
     """Problems of one kernel: large accesses that do not step by 1 along the tile's last axis."""
     xnumel, rnumel = int(rendered.xnumel), int(rendered.rnumel)
     config = _launcher(rendered).config(xnumel, rnumel)
     blocks = config.blocks()
-    lines = _index_lines(rendered.source)
     # The tile axes an access may walk: the last, or either of a 2-D tiled pointwise kernel's.
     axes = (1, 0) if rendered.tile is not None else (-1,)
-    pointers = {f"ptr{i}": name for i, name in enumerate(rendered.pointer_args)}
     large = xnumel * max(rnumel, 1) // 4
     problems = []
     for pid in sorted({0, config.grid // 2, config.grid - 1}):
         for roffset in sorted({0, (rnumel // 2) // blocks.get("RBLOCK", 1) * blocks.get("RBLOCK", 1)}):
-            _FakeTl.pid = pid
-            scope = {"tl": _FakeTl, "roffset": roffset, **blocks}
-            for name, text in lines.items():
-                scope[name] = eval(text, scope)
-            xindex = scope["xindex"]
-            rindex = scope.get("rindex", np.zeros((1,) * xindex.ndim, np.int64))
-            if rendered.tile is not None:
-                _, ynumel, x_extent = rendered.tile
-                mask = (scope["yindex"] < ynumel) & (xindex < x_extent)
-            else:
-                mask = (xindex < xnumel) & (rindex < max(rnumel, 1))
-            names = _Definitions(rendered.source, {**scope, "rindex": rindex, "xmask": xindex < xnumel,
-                                                   "rmask": rindex < max(rnumel, 1), **{p: _Pointer() for p in pointers}})
-            for kind, pointer, text in _offsets(rendered.source):
-                buffer = buffers[pointers[pointer]]
+            for kind, buffer, offset, mask in _accesses_at(rendered, buffers, pid, roffset):
                 if int(buffer.numel) < large:
                     continue
-                offset = np.broadcast_to(np.asarray(eval(text, {"tl": _FakeTl}, names)), mask.shape)
                 found = [_unit_stride(offset, mask, axis) for axis in axes]
                 if not any(ok for ok, _ in found):
                     steps = np.unique(np.concatenate([s for _, s in found]))[:6]
@@ -520,3 +527,49 @@ def test_region_reads_stay_inside_their_buffers(case):
                 (kernel.name, pointer, offset_text, mask_text, int(read.min()), int(read.max()), extent, rendered.source)
             masked += "&" in mask_text
     assert masked, "no region load was masked: the case no longer tests guards.py"
+
+
+def ln_weight_grad_of_nchw(g, x, mean, rstd):
+    """Swin's patch embedding: the convolution's NCHW output, permuted to NHWC and layer-normed
+    over the channels; the norm's weight gradient sums g * x_hat over every token. Its large
+    reads disagree: x walks the reduced positions, g the channels (the outputs)."""
+    x_hat = (x.permute(0, 2, 3, 1).float() - mean) * rstd
+    return (g.float() * x_hat).sum((0, 1, 2))
+
+
+# Reductions whose large reads disagree on the contiguous axis: one of them is read across the
+# lanes whichever way the tile is laid out.
+MIXED = {"ln_weight_grad_of_nchw": (ln_weight_grad_of_nchw, lambda: (
+    torch.randn(128, 56, 56, 96, dtype=torch.bfloat16), torch.randn(128, 96, 56, 56, dtype=torch.bfloat16),
+    torch.randn(128, 56, 56, 1), torch.rand(128, 56, 56, 1)))}
+WINDOW = 32  # programs that run at once, near enough to share L2's copy of a sector
+
+
+@pytest.mark.parametrize("case", sorted(MIXED))
+def test_programs_next_in_launch_order_share_the_sectors_of_a_read_across_lanes(case):
+    """A large read across the lanes (2 bytes of each 32-byte sector a lane) is still read from
+    DRAM once if the programs that run beside it use the rest of those sectors while L2 holds
+    them: over WINDOW programs next in launch order, at least half of every sector touched is
+    used. A split whose partials put one output's chunks next to each other ([*out, S]) had the
+    neighbours read the other chunks of the same channel instead: 2 bytes of each sector."""
+    fn, make = MIXED[case]
+    graph, kernels = _rendered(fn, make())
+    large = min(int(b.numel) for b in graph.inputs if int(b.numel) >= 1 << 20)
+    checked = 0
+    for kernel, rendered in kernels:
+        config = _launcher(rendered).config(int(rendered.xnumel), int(rendered.rnumel))
+        for first in sorted({0, config.grid // 2 - WINDOW // 2}):
+            touched: dict[str, list] = {}
+            for pid in range(first, min(first + WINDOW, config.grid)):
+                for kind, buffer, offset, mask in _accesses_at(rendered, graph.buffers, pid, 0):
+                    if kind == "load" and int(buffer.numel) >= large:
+                        size = buffer.dtype.itemsize
+                        touched.setdefault(buffer.name, []).append((offset[mask].ravel() * size, size))
+            for name, parts in touched.items():
+                size = parts[0][1]
+                addresses = np.unique(np.concatenate([a for a, _ in parts]))
+                sectors = np.unique(addresses // 32)
+                used = addresses.size * size / (sectors.size * 32)
+                assert used >= 0.5, f"{kernel.name} {name}: {used:.0%} of each sector used over {WINDOW} programs"
+                checked += 1
+    assert checked, "no large read was checked"

@@ -79,3 +79,27 @@ def test_a_reduction_over_a_stored_producer_is_sized_for_its_direct_read():
     check_outputs(fn, x, compiled=compile_strict(fn, options={"target": "triton"}), scale_tol=True)
     notes = [note for g in torchfuse.report().graphs for note in g.split_reductions]
     assert len(notes) == 1 and "into 768" in notes[0], notes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_an_inner_split_whose_gradient_walks_the_outputs_puts_the_chunks_first(dtype):
+    """Swin's patch-embedding LayerNorm weight gradient: x (NCHW, the larger vote with its row
+    statistics) walks the reduced positions, g (NHWC) the channels. It splits inner with partials
+    [S, C]: programs next in launch order take the next channels of one chunk (split.py)."""
+    x = floats((3, 6, 9, 7), dtype, specials=[], seed=5)
+    g = floats((3, 9, 7, 6), dtype, specials=[], seed=6)
+    mean, rstd = floats((3, 9, 7, 1), torch.float32, specials=[], seed=7), floats((3, 9, 7, 1), torch.float32,
+                                                                                  specials=[], seed=8).abs() + 0.5
+
+    def fn(g, x, mean, rstd):
+        return (g.float() * ((x.permute(0, 2, 3, 1).float() - mean) * rstd)).sum((0, 1, 2))
+
+    torchfuse.reset()
+    check_outputs(fn, g, x, mean, rstd, compiled=compile_strict(fn, options={"target": "triton"}), scale_tol=True)
+    assert not fallbacks(), fallbacks()
+    (note,) = [note for graph in torchfuse.report().graphs for note in graph.split_reductions]
+    assert "(outer)" not in note, note
+    (first,) = [k for graph in torchfuse.report().graphs for k in graph.kernels
+                if k.kind == "reduction" and {"arg0_1", "arg1_1"} <= {access.name for access in k.reads}]
+    (partials,) = first.writes
+    assert partials.shape.endswith(", 6]"), partials  # [S, C]: the channels last

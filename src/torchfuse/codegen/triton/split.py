@@ -20,7 +20,9 @@ why): a ``Reduction`` over ``R`` elements becomes
   ``S * 16`` rows. ``argmax``/``argmin`` keep contiguous chunks: their ties go to the first
   chunk, which must hold the first elements. ``P`` sits first for outer reductions
   (``[S, *out]``, so the kept contiguous axis stays innermost for its store and the second
-  stage's reads) and last for inner ones (``[*out, S]``).
+  stage's reads) and last for inner ones (``[*out, S]``), except where an inner reduction
+  also has a large read along its outputs (``Split.row_read``): first, so that programs next
+  in launch order share that read's sectors.
 - ``<name>``: the same op over the ``S`` partials (sum of sums, max of maxima, any of anys).
 
 So the scheduler fuses producers into ``P`` and epilogues after ``<name>`` as for any
@@ -81,6 +83,12 @@ class Split:
     chunk: int
     outer: bool
     interleaved: bool = False  # element j of chunk s is j * S + s (else s * chunk + j)
+    row_read: bool = False  # a large read walks an output row contiguously (inner splits: see plan_split)
+
+    @property
+    def chunks_first(self) -> bool:
+        """Whether the partials are [S, *out] (else [*out, S])."""
+        return self.outer or self.row_read
 
 
 def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy | None = None) -> list[str]:
@@ -230,7 +238,13 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
     wanted = min(policy.max_chunks, max(2, -(-policy.target_programs * lanes // outputs)))
     chunk = _chunk_near(reduced, max(min_chunk, -(-reduced // wanted)))
     interleaved = outer and node.reduce_op not in ("argmax", "argmin")
-    return Split(-(-reduced // chunk), chunk, outer, interleaved)
+    # Inner, but a large read walks an output row (Swin's patch-embedding LayerNorm weight
+    # gradient: the NCHW convolution output along r, the NHWC gradient along the channels):
+    # with the partials [S, *out], programs next in launch order take the next channels of one
+    # chunk and read the rest of the gradient's sectors while they are in L2. With [*out, S]
+    # they took the next chunks of one channel, 2 bytes of each 32-byte sector, whose other
+    # channels' programs ran 512 programs later (on the H200: 9% of copy bandwidth).
+    return Split(-(-reduced // chunk), chunk, outer, interleaved, row_read=outer_votes > 0)
 
 
 def _chunk_near(total: int, target: int) -> int:
@@ -253,12 +267,12 @@ def _rewrite(node: Reduction, plan: Split, graph: Graph) -> list:
 
 def _part_shape(node: Reduction, plan: Split) -> tuple:
     count = sympy.Integer(plan.count)
-    return (count, *node.shape) if plan.outer else (*node.shape, count)
+    return (count, *node.shape) if plan.chunks_first else (*node.shape, count)
 
 
 def _part_index(node_vars, chunk_var, plan: Split) -> tuple:
     """Index of a partial: the node's output index with the chunk's position added."""
-    return (chunk_var, *node_vars) if plan.outer else (*node_vars, chunk_var)
+    return (chunk_var, *node_vars) if plan.chunks_first else (*node_vars, chunk_var)
 
 
 def _first_stage(node: Reduction, plan: Split, graph: Graph, op: str, dtype: torch.dtype, suffix: str,
@@ -267,7 +281,7 @@ def _first_stage(node: Reduction, plan: Split, graph: Graph, op: str, dtype: tor
     (in the partial's variables) before a ragged chunk masks it."""
     shape = _part_shape(node, plan)
     part_vars = index_vars(len(shape))
-    chunk_var, out_vars = (part_vars[0], part_vars[1:]) if plan.outer else (part_vars[-1], part_vars[:-1])
+    chunk_var, out_vars = (part_vars[0], part_vars[1:]) if plan.chunks_first else (part_vars[-1], part_vars[:-1])
     (j,) = index_vars(1, "r")
     flat = j * plan.count + chunk_var if plan.interleaved else chunk_var * plan.chunk + j
     total = _numel(node.reduction_ranges)
@@ -294,7 +308,7 @@ def _second_stage(node: Reduction, plan: Split, part: Reduction | None, name: st
     (s,) = index_vars(1, "r")
     # Every op here is its own combine: a sum of partial sums, a max of maxima, any of anys.
     body = combine(s) if combine is not None else Load(part.dtype, part.name, _part_index(node.vars, s, plan))
-    reduced_axis = 0 if plan.outer else len(node.shape)
+    reduced_axis = 0 if plan.chunks_first else len(node.shape)
     return Reduction(name, node.shape, dtype, node.device, body, op, (sympy.Integer(plan.count),),
                      _part_shape(node, plan), (reduced_axis,), node.origin)
 
@@ -421,7 +435,7 @@ def _chunk_means(group: _Centered, total_part: Reduction, graph: Graph) -> Point
     """``m_s = (sum of chunk s) / n_s`` for every output and chunk, in the mean's dtype."""
     shape, dtype, plan = total_part.shape, group.mean.dtype, group.plan
     part_vars = index_vars(len(shape))
-    chunk_var = part_vars[0] if plan.outer else part_vars[-1]
+    chunk_var = part_vars[0] if plan.chunks_first else part_vars[-1]
     count = _chunk_count(plan, _numel(group.total.reduction_ranges), chunk_var, dtype)
     # div_rn: a rounded m_s, as the unsplit rough mean (lowering/rules/reductions.py says why)
     body = Op(dtype, "div_rn", (Load(total_part.dtype, total_part.name, part_vars), count))
