@@ -41,14 +41,14 @@ def aligned_row_map(node: Pointwise, own_body: Expr, kernel: FusedKernel, mappin
         return mapping
     existing |= {(load.buffer, load.index) for member in kernel.members for load in loads(member.body)
                  if not load.is_indirect}
-    best, best_shared = mapping, _shared(own_body, mapping, existing)
-    if best_shared:
-        return mapping
     first = kernel.members[0]
     lane = _unit_row(buffers.get(first.node.name), first.node.vars, first.var_map)
+    if lane is None or _shared(own_body, mapping, existing):
+        return mapping
+    best, best_shared = mapping, 0
     for candidate in candidates[1:]:
         shared = _shared(own_body, candidate, existing)
-        if shared > best_shared and lane is not None and _unit_row(buffers.get(node.name), node.vars, candidate) == lane:
+        if shared > best_shared and _unit_row(buffers.get(node.name), node.vars, candidate) == lane:
             best, best_shared = candidate, shared
     return best
 
