@@ -184,6 +184,23 @@ def test_a_transposed_kernel_mate_computes_at_its_mates_points(compile_target):
         assert source.count("tl.load(") == 3 and "YBLOCK" not in source, source
 
 
+@pytest.mark.parametrize("contiguous", [False, True], ids=["mates_layout", "contiguous"])
+def test_a_transposed_consumer_joins_at_its_mates_points_only_if_it_stores_alike(compile_target, contiguous):
+    """``a.t() + 1`` keeps a's memory order (eager's layout rule): it joins at a's points and
+    shares a's load. ``.contiguous()`` must not: placed at a's points its store would go across
+    the lanes where no tiling sees it, so it stays in order, reads a transposed, and the kernel
+    is tiled in 2-D for that read (scheduler/alignment.py)."""
+    def fn(x):
+        a = x.exp()
+        b = a.transpose(-1, -2) + 1
+        return a, b.contiguous() if contiguous else b
+    check(fn, randn(3, 20, 20))
+    if compile_target == "triton":
+        (source,) = [k.source for graph in torchfuse.report().graphs for k in graph.kernels if k.source]
+        assert source.count("tl.load(") == (2 if contiguous else 1), source
+        assert ("YBLOCK" in source) == contiguous, source
+
+
 # -- constant_pad_nd --------------------------------------------------------------------------
 @pytest.mark.parametrize("pad", [(1, 2), (1, 2, -1, 3), (-2, -3), (0, 0, 2, 0, 1, 1)])
 def test_constant_pad(pad):
