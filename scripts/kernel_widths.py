@@ -10,8 +10,12 @@ marks with ``NARROW`` the kernels whose loads of 2- or 4-byte elements are mostl
 an instruction. Not every narrow load is a defect: a gather, a per-channel value broadcast to
 a tile, rows whose length breaks 16-byte alignment. The mark says where to look.
 
+``--sectors`` also gives each kernel's worst large access by the share of its 32-byte sectors a
+warp uses (``diagnostics/coalescing.py``: 100% coalesced, 6% for bf16 elements a sector apart),
+marked ``SCATTERED`` below 50%: a read across the lanes that no width shows.
+
     python scripts/kernel_widths.py llama_block_train
-    python scripts/kernel_widths.py mobilenetv3_train --quick --top 20
+    python scripts/kernel_widths.py mobilenetv3_train --quick --top 20 --sectors
 """
 from __future__ import annotations
 
@@ -30,9 +34,11 @@ import torchfuse  # noqa: E402
 from torchfuse import pipeline  # noqa: E402
 from torchfuse.bench.bandwidth import kernel_function_name  # noqa: E402
 from torchfuse.bench.suites import all_cases  # noqa: E402
+from torchfuse.diagnostics.coalescing import worst_sector_use  # noqa: E402
 from torchfuse.runtime import binary_cache, compile_pool, kernel_cache, launch, triton_ahead  # noqa: E402
 from torchfuse.runtime.predict import Unpredicted, predict_launches  # noqa: E402
 
+SECTOR_MIN_ELEMENTS = 1 << 20  # accesses of smaller buffers stay in L2
 ACCESS = re.compile(r"\b(ld|st)\.global((?:\.[\w]+)*)")
 
 
@@ -74,6 +80,7 @@ def main() -> int:
     parser.add_argument("case", help="a case of torchfuse bench (its CPU build, at bench sizes)")
     parser.add_argument("--quick", action="store_true", help="the case's quick sizes")
     parser.add_argument("--top", type=int, default=40, help="kernels to list, largest first")
+    parser.add_argument("--sectors", action="store_true", help="each kernel's worst access by sector use")
     args = parser.parse_args()
     os.environ.setdefault("TORCHFUSE_COMPILE_WORKERS", str(os.cpu_count() or 2))
     states = compile_case(args.case, args.quick)
@@ -96,14 +103,17 @@ def main() -> int:
             ptx = binary.asm.get("ptx", "")
             widths = access_widths(ptx if isinstance(ptx, str) else ptx.decode())
             kernel = kernels[name]
-            rows.append((sizes.get(kernel.function, 0), kernel, loader.config, widths))
+            worst = worst_sector_use(kernel, state.graph.buffers, SECTOR_MIN_ELEMENTS)[:1] if args.sectors else []
+            rows.append((sizes.get(kernel.function, 0), kernel, loader.config, widths, worst))
     rows.sort(key=lambda r: -r[0])
-    for size, kernel, config, widths in rows[:args.top]:
+    for size, kernel, config, widths, worst in rows[:args.top]:
         shape = lambda d: " ".join(f"{w}Bx{n}" for w, n in sorted(d.items()))  # noqa: E731
         mark = "NARROW " if is_narrow(widths["ld"]) else ""
+        sectors = "".join(f" {'SCATTERED ' if use < 0.5 else ''}{kind} {buffer} {use:.0%} of sectors"
+                          for kind, buffer, use in worst)
         print(f"{mark:7}{size / 2**20:9.2f} MB {kernel.function} {kernel.kind}"
               f"{' outer' if kernel.outer else ''}{' persistent' if kernel.persistent else ''} "
-              f"{config.blocks()} loads [{shape(widths['ld'])}] stores [{shape(widths['st'])}]")
+              f"{config.blocks()} loads [{shape(widths['ld'])}] stores [{shape(widths['st'])}]{sectors}")
     return 0
 
 

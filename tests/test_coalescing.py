@@ -35,7 +35,8 @@ from torchfuse import pipeline
 from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend.decompositions import decomposition_table
 from torchfuse.options import Options
-from torchfuse.runtime.launch import Launcher
+from torchfuse.diagnostics.coalescing import (Definitions, FakeTriton, Pointer, accesses_at, launcher, sector_use,
+                                               unit_stride, worst_sector_use)
 
 H200_SMS = 132
 
@@ -194,141 +195,10 @@ def _rendered(fn, args):
     return state.graph, kernels
 
 
-class _Values(np.ndarray):
-    """Stand-in values loaded from memory (int64), with Triton's ``.to``."""
-
-    def to(self, dtype, bitcast=False):
-        return self.astype(dtype).view(_Values)
-
-
-class _Pointer:
-    """A kernel's pointer argument: ``ptrN + offsets`` is an address block."""
-
-    def __add__(self, offsets):
-        return np.asarray(offsets)
-
-
-class _FakeTl:
-    """The part of ``triton.language`` a kernel's index lines use, on numpy arrays."""
-
-    int64 = np.int64
-    int32 = np.int32
-    float32 = np.float32
-
-    @staticmethod
-    def arange(start, end):
-        return np.arange(start, end, dtype=np.int64)
-
-    @staticmethod
-    def program_id(axis):
-        return _Pid(_FakeTl.pid)
-
-    @staticmethod
-    def load(offsets, mask=None, other=None):
-        """Stand-in values: a hash of the element's offset, so lanes loading one element (the
-        token id of a row) agree and other elements differ."""
-        return ((offsets.astype(np.int64) * 2654435761 + 12345) % 30011).view(_Values)
-
-    @staticmethod
-    def broadcast_to(value, shape):
-        return value
-
-    minimum = staticmethod(np.minimum)
-    maximum = staticmethod(np.maximum)
-    pid = 0
-
-
-class _Pid(int):
-    def to(self, dtype):
-        return self
-
-
-INDEX_NAMES = ("pid", "xtiles", "ytiles", "zindex", "yindex", "xindex", "rindex")
-
-
-class _Definitions(dict):
-    """A kernel's assignments (``tmp5 = ...``), evaluated when an offset first names one: the
-    locals of ``eval``, on top of the tile's ``scope``."""
-
-    def __init__(self, source: str, scope: dict) -> None:
-        super().__init__(scope)
-        self.lines = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(tmp\d+) = (.*)$", source, re.M)}
-
-    def __missing__(self, name: str):
-        if name not in self.lines:
-            raise KeyError(name)
-        self[name] = eval(self.lines[name], {"tl": _FakeTl}, self)
-        return self[name]
-
-
-def _index_lines(source: str) -> dict[str, str]:
-    """The right-hand sides of the lines defining the program's indices (the last one of each),
-    in the order they are first defined."""
-    found = {}
-    for line in source.splitlines():
-        match = re.match(rf"\s*({'|'.join(INDEX_NAMES)}) = (.*)$", line)
-        if match:
-            found[match.group(1)] = match.group(2)
-    return found
-
-
-def _launcher(rendered) -> Launcher:
-    return Launcher(None, rendered.kind, rendered.persistent, direct=False, outer=rendered.outer, tile=rendered.tile)
-
-
-def _unit_stride(offset: np.ndarray, mask: np.ndarray, axis: int) -> tuple[bool, np.ndarray]:
-    """Whether ``offset`` steps by 1 between neighbours along ``axis`` of the tile (at most one
-    jump in 32, between unmasked neighbours), and the steps seen."""
-    ahead = [slice(None)] * mask.ndim
-    behind = [slice(None)] * mask.ndim
-    ahead[axis], behind[axis] = slice(1, None), slice(None, -1)
-    both = mask[tuple(ahead)] & mask[tuple(behind)]
-    steps = (offset[tuple(ahead)] - offset[tuple(behind)])[both]
-    return not (steps.size and np.mean(steps != 1) > 1 / 32), steps
-
-
-def _offsets(source: str) -> list[tuple[str, str, str]]:
-    """(load, store or atomic_add, pointer, offset text) for every ``tl.load/tl.store/
-    tl.atomic_add(ptrN + (...)``."""
-    found = []
-    for match in re.finditer(r"tl\.(load|store|atomic_add)\((ptr\d+) \+ \(", source):
-        depth, start = 1, match.end()
-        end = start
-        while depth:
-            depth += {"(": 1, ")": -1}.get(source[end], 0)
-            end += 1
-        found.append((match.group(1), match.group(2), source[start:end - 1]))
-    return found
-
-
-def _accesses_at(rendered, buffers, pid: int, roffset: int):
-    """(kind, buffer, offsets, mask) of every load and store of ``rendered`` for program ``pid``
-    at loop offset ``roffset``, offsets broadcast to the tile's shape."""
-    xnumel, rnumel = int(rendered.xnumel), int(rendered.rnumel)
-    blocks = _launcher(rendered).config(xnumel, rnumel).blocks()
-    _FakeTl.pid = pid
-    scope = {"tl": _FakeTl, "roffset": roffset, **blocks}
-    for name, text in _index_lines(rendered.source).items():
-        scope[name] = eval(text, scope)
-    xindex = scope["xindex"]
-    rindex = scope.get("rindex", np.zeros((1,) * xindex.ndim, np.int64))
-    if rendered.tile is not None:
-        _, ynumel, x_extent = rendered.tile
-        mask = (scope["yindex"] < ynumel) & (xindex < x_extent)
-    else:
-        mask = (xindex < xnumel) & (rindex < max(rnumel, 1))
-    pointers = {f"ptr{i}": name for i, name in enumerate(rendered.pointer_args)}
-    names = _Definitions(rendered.source, {**scope, "rindex": rindex, "xmask": xindex < xnumel,
-                                           "rmask": rindex < max(rnumel, 1), **{p: _Pointer() for p in pointers}})
-    for kind, pointer, text in _offsets(rendered.source):
-        offset = np.broadcast_to(np.asarray(eval(text, {"tl": _FakeTl}, names)), mask.shape)
-        yield kind, buffers[pointers[pointer]], offset, mask
-
-
 def _check_kernel(kernel, rendered, buffers) -> list[str]:
     """Problems of one kernel: large accesses that do not step by 1 along the tile's last axis."""
     xnumel, rnumel = int(rendered.xnumel), int(rendered.rnumel)
-    config = _launcher(rendered).config(xnumel, rnumel)
+    config = launcher(rendered).config(xnumel, rnumel)
     blocks = config.blocks()
     # The tile axes an access may walk: the last, or either of a 2-D tiled pointwise kernel's.
     axes = (1, 0) if rendered.tile is not None else (-1,)
@@ -336,10 +206,11 @@ def _check_kernel(kernel, rendered, buffers) -> list[str]:
     problems = []
     for pid in sorted({0, config.grid // 2, config.grid - 1}):
         for roffset in sorted({0, (rnumel // 2) // blocks.get("RBLOCK", 1) * blocks.get("RBLOCK", 1)}):
-            for kind, buffer, offset, mask in _accesses_at(rendered, buffers, pid, roffset):
+            for access in accesses_at(rendered, buffers, pid, roffset):
+                kind, buffer, offset, mask = access.kind, access.buffer, access.offsets, access.mask
                 if int(buffer.numel) < large:
                     continue
-                found = [_unit_stride(offset, mask, axis) for axis in axes]
+                found = [unit_stride(offset, mask, axis) for axis in axes]
                 if not any(ok for ok, _ in found):
                     steps = np.unique(np.concatenate([s for _, s in found]))[:6]
                     problems.append(f"{kernel.name} {kind} of {buffer.name}: steps {steps} along the "
@@ -364,7 +235,7 @@ def test_kernels_reading_a_large_input_fill_the_gpu(case):
     readers = [(k, r) for k, r in kernels if inputs & set(r.pointer_args)]
     assert readers
     for kernel, rendered in readers:
-        grid = _launcher(rendered).config(int(rendered.xnumel), int(rendered.rnumel)).grid
+        grid = launcher(rendered).config(int(rendered.xnumel), int(rendered.rnumel)).grid
         assert grid >= H200_SMS, f"{kernel.name}: {grid} programs\n{rendered.source}"
 
 
@@ -386,7 +257,7 @@ def test_kernels_whose_reads_and_store_disagree_are_tiled(case):
     _, kernels = _rendered(fn, make())
     (rendered,) = [r for _, r in kernels]
     assert rendered.tile is not None, rendered.source
-    config = _launcher(rendered).config(int(rendered.xnumel), 0)
+    config = launcher(rendered).config(int(rendered.xnumel), 0)
     assert min(config.constexprs) >= 32 and config.names == ("YBLOCK", "XBLOCK")
 
 
@@ -513,15 +384,16 @@ def test_region_reads_stay_inside_their_buffers(case):
     masked = 0
     for kernel, rendered in kernels:
         assert rendered.kind == "pointwise" and rendered.tile is None, rendered.source
-        xindex = np.arange(int(rendered.xnumel), dtype=np.int64).view(_Values)
+        xindex = FakeTriton.arange(0, int(rendered.xnumel))
         pointers = {f"ptr{i}": name for i, name in enumerate(rendered.pointer_args)}
-        names = _Definitions(rendered.source, {"tl": _FakeTl, "xindex": xindex, "xmask": xindex >= 0,
-                                               **{p: _Pointer() for p in pointers}})
+        tl = FakeTriton()
+        names = Definitions(rendered.source, {"tl": tl, "xindex": xindex, "xmask": xindex >= 0,
+                                              **{p: Pointer() for p in pointers}}, tl)
         for pointer, offset_text, mask_text in _load_accesses(rendered.source):
             buffer = graph.buffers[pointers[pointer]]
             extent = 1 + sum((int(n) - 1) * int(st) for n, st in zip(buffer.shape, buffer.strides))
-            offset = np.broadcast_to(np.asarray(eval(offset_text, {"tl": _FakeTl}, names)), xindex.shape)
-            mask = np.broadcast_to(np.asarray(eval(mask_text, {"tl": _FakeTl}, names)), xindex.shape) if mask_text else True
+            offset = np.broadcast_to(np.asarray(eval(offset_text, {"tl": tl}, names)), xindex.shape)
+            mask = np.broadcast_to(np.asarray(eval(mask_text, {"tl": tl}, names)), xindex.shape) if mask_text else True
             read = offset[mask] if mask_text else offset
             assert read.size == 0 or (read.min() >= 0 and read.max() < extent), \
                 (kernel.name, pointer, offset_text, mask_text, int(read.min()), int(read.max()), extent, rendered.source)
@@ -557,14 +429,14 @@ def test_programs_next_in_launch_order_share_the_sectors_of_a_read_across_lanes(
     large = min(int(b.numel) for b in graph.inputs if int(b.numel) >= 1 << 20)
     checked = 0
     for kernel, rendered in kernels:
-        config = _launcher(rendered).config(int(rendered.xnumel), int(rendered.rnumel))
+        config = launcher(rendered).config(int(rendered.xnumel), int(rendered.rnumel))
         for first in sorted({0, config.grid // 2 - WINDOW // 2}):
             touched: dict[str, list] = {}
             for pid in range(first, min(first + WINDOW, config.grid)):
-                for kind, buffer, offset, mask in _accesses_at(rendered, graph.buffers, pid, 0):
-                    if kind == "load" and int(buffer.numel) >= large:
-                        size = buffer.dtype.itemsize
-                        touched.setdefault(buffer.name, []).append((offset[mask].ravel() * size, size))
+                for access in accesses_at(rendered, graph.buffers, pid):
+                    if access.kind == "load" and int(access.buffer.numel) >= large:
+                        size = access.buffer.dtype.itemsize
+                        touched.setdefault(access.buffer.name, []).append((access.offsets[access.mask].ravel() * size, size))
             for name, parts in touched.items():
                 size = parts[0][1]
                 addresses = np.unique(np.concatenate([a for a, _ in parts]))
@@ -573,3 +445,23 @@ def test_programs_next_in_launch_order_share_the_sectors_of_a_read_across_lanes(
                 assert used >= 0.5, f"{kernel.name} {name}: {used:.0%} of each sector used over {WINDOW} programs"
                 checked += 1
     assert checked, "no large read was checked"
+
+
+def test_sector_use_counts_the_bytes_a_warp_uses_of_the_sectors_it_touches():
+    lanes = np.arange(64)[None, :]
+    inside = np.ones_like(lanes, dtype=bool)
+    assert sector_use(lanes, inside, 2, -1) == 1.0  # contiguous bf16: whole sectors
+    assert sector_use(lanes * 96, inside, 2, -1) == 2 / 32  # one bf16 a sector
+    assert sector_use(lanes * 2, inside, 4, -1) == 0.5  # every other float32
+    assert sector_use(lanes * 96, np.zeros_like(inside), 2, -1) == 1.0  # nothing inside the launch
+
+
+def test_a_models_worst_accesses_are_reported_by_sector_use():
+    """The Swin patch-embedding case through ``worst_sector_use`` (scripts/kernel_widths.py
+    --sectors): its gradient read across the lanes uses 2 bytes of each sector, and is listed first."""
+    fn, make = MIXED["ln_weight_grad_of_nchw"]
+    graph, kernels = _rendered(fn, make())
+    first = next(r for _, r in kernels if "g_1" in {graph.buffers[name].name for name in r.pointer_args})
+    (kind, name, use), *rest = worst_sector_use(first, graph.buffers, 1 << 20)
+    assert (kind, name) == ("load", "g_1") and use == 2 / 32, (kind, name, use)
+    assert all(other == 1.0 for _, _, other in rest), rest
