@@ -35,8 +35,8 @@ from torchfuse import pipeline
 from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend.decompositions import decomposition_table
 from torchfuse.options import Options
-from torchfuse.diagnostics.coalescing import (Definitions, FakeTriton, Pointer, accesses_at, launcher, sector_use,
-                                               unit_stride, worst_sector_use)
+from torchfuse.diagnostics.coalescing import (Definitions, FakeTriton, Pointer, accesses_at, launcher, load_texts,
+                                               sector_use, unit_stride, worst_sector_use)
 
 H200_SMS = 132
 
@@ -360,20 +360,6 @@ SMALL_REGIONS = {
 }
 
 
-def _load_accesses(source: str) -> list[tuple[str, str, str]]:
-    """(pointer, offset text, mask text or "") of every ``tl.load(ptrN + (...), mask, other=0)``."""
-    found = []
-    for match in re.finditer(r"tl\.load\((ptr\d+) \+ \(", source):
-        depth, end = 1, match.end()
-        while depth:
-            depth += {"(": 1, ")": -1}.get(source[end], 0)
-            end += 1
-        rest = source[end:end + source[end:].index("\n")]
-        mask = rest[2:rest.index(", other=")] if rest.startswith(", ") else ""
-        found.append((match.group(1), source[match.end():end - 1], mask))
-    return found
-
-
 @pytest.mark.parametrize("case", sorted(SMALL_REGIONS))
 def test_region_reads_stay_inside_their_buffers(case):
     """Masked instead of clamped, a region's load computes addresses outside its source on the
@@ -389,7 +375,7 @@ def test_region_reads_stay_inside_their_buffers(case):
         tl = FakeTriton()
         names = Definitions(rendered.source, {"tl": tl, "xindex": xindex, "xmask": xindex >= 0,
                                               **{p: Pointer() for p in pointers}}, tl)
-        for pointer, offset_text, mask_text in _load_accesses(rendered.source):
+        for pointer, offset_text, mask_text in load_texts(rendered.source):
             buffer = graph.buffers[pointers[pointer]]
             extent = 1 + sum((int(n) - 1) * int(st) for n, st in zip(buffer.shape, buffer.strides))
             offset = np.broadcast_to(np.asarray(eval(offset_text, {"tl": tl}, names)), xindex.shape)

@@ -123,16 +123,29 @@ def index_lines(source: str) -> dict[str, str]:
     return found
 
 
-def offset_texts(source: str) -> list[tuple[str, str, str]]:
-    """(load, store or atomic_add, pointer, offset text) for every ``tl.load/tl.store/
-    tl.atomic_add(ptrN + (...)``."""
-    found = []
-    for match in re.finditer(r"tl\.(load|store|atomic_add)\((ptr\d+) \+ \(", source):
+def _calls(source: str, ops: str) -> Iterator[tuple[str, str, str, str]]:
+    """(op, pointer, offset text, the rest of the line) of every ``tl.<op>(ptrN + (...)``."""
+    for match in re.finditer(rf"tl\.({ops})\((ptr\d+) \+ \(", source):
         depth, end = 1, match.end()
         while depth:
             depth += {"(": 1, ")": -1}.get(source[end], 0)
             end += 1
-        found.append((match.group(1), match.group(2), source[match.end():end - 1]))
+        line_end = source.find("\n", end)
+        yield match.group(1), match.group(2), source[match.end():end - 1], source[end:line_end if line_end >= 0 else None]
+
+
+def offset_texts(source: str) -> list[tuple[str, str, str]]:
+    """(load, store or atomic_add, pointer, offset text) for every ``tl.load/tl.store/
+    tl.atomic_add(ptrN + (...)``."""
+    return [(op, pointer, offset) for op, pointer, offset, _ in _calls(source, "load|store|atomic_add")]
+
+
+def load_texts(source: str) -> list[tuple[str, str, str]]:
+    """(pointer, offset text, mask text or "") of every ``tl.load(ptrN + (...), mask, other=0)``."""
+    found = []
+    for _, pointer, offset, rest in _calls(source, "load"):
+        mask = rest[2:rest.index(", other=")] if rest.startswith(", ") and ", other=" in rest else ""
+        found.append((pointer, offset, mask))
     return found
 
 
