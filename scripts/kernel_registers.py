@@ -71,6 +71,44 @@ def candidates(default: launch.Config, xblocks: list[int], warps: list[int]) -> 
     return found
 
 
+def capture_states() -> list:
+    """Set up a compile-only run (a fresh cache, launches that do nothing) and return the list
+    the pipeline appends each compiled graph's state to."""
+    os.environ.setdefault("TORCHFUSE_COMPILE_WORKERS", "2")
+    # A fresh cache: a graph found on disk would skip the pipeline's stages this script watches.
+    os.environ["TORCHFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernel_registers_")
+    launch.Launcher.__call__ = lambda self, *a, **k: None  # compile only: nothing runs on the CPU
+    captured: list = []
+    pipeline.STAGES = pipeline.STAGES + [("spy", captured.append)]
+    return captured
+
+
+def sm90_binaries(state, candidates_of=None):
+    """(kernel, predicted launch, loader, compiled binary or None when its compile failed) for
+    each predicted kernel of a captured pipeline ``state``, compiled for sm_90 in the worker
+    pool: its default config, then those ``candidates_of(kernel, default)`` adds."""
+    kernels = {n: dataclasses.replace(k, device="cuda") for n, k in state.kernels.items()}
+    fns = {n: kernel_cache.load_kernel(k.source, k.function, interpret=False) for n, k in kernels.items()}
+    predictions = predict_launches(state.graph, state.plan, kernels, state.example_inputs)
+    configs = None if candidates_of is None else {
+        n: candidates_of(kernels[n], triton_ahead.default_config(kernels[n], p))
+        for n, p in predictions.items() if not isinstance(p, Unpredicted)}
+    ready = triton_ahead.compile_ahead(kernels, fns, predictions, target=triton_ahead.Target("cuda", 90, 32),
+                                       configs=configs)
+    for name, (predicted, loaders) in ready.items():
+        for loader in loaders:
+            if loader.future is not None and not compile_pool.wait(loader.future)["ok"]:
+                yield kernels[name], predicted, loader, None
+                continue
+            entry = binary_cache.lookup(triton_ahead.binaries_root(), loader.key)
+            yield kernels[name], predicted, loader, triton_ahead.load_compiled(loader.fn, loader.spec, entry)
+
+
+def ptx_of(binary) -> str:
+    ptx = binary.asm.get("ptx", "")
+    return ptx if isinstance(ptx, str) else ptx.decode()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("case", help="a micro case of bench/patterns.py")
@@ -81,46 +119,34 @@ def main() -> int:
     args = parser.parse_args()
     xblocks = [int(x) for x in args.xblocks.split(",") if x]
     warps = [int(x) for x in args.warps.split(",") if x]
-    os.environ.setdefault("TORCHFUSE_COMPILE_WORKERS", "2")
-    # A fresh cache: a graph found on disk would skip the pipeline's stages this script watches.
-    os.environ["TORCHFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernel_registers_")
-    launch.Launcher.__call__ = lambda self, *a, **k: None  # compile only: nothing runs on the CPU
-    captured = []
-    pipeline.STAGES = pipeline.STAGES + [("spy", captured.append)]
+    captured = capture_states()
     pattern = BY_NAME[args.case]
     torchfuse.compile(pattern.fn, options={"target": "triton"})(*pattern.make_inputs("cpu", torch.bfloat16, args.size))
     for state in captured:
-        kernels = {n: dataclasses.replace(k, device="cuda") for n, k in state.kernels.items()}
-        fns = {n: kernel_cache.load_kernel(k.source, k.function, interpret=False) for n, k in kernels.items()}
-        predictions = predict_launches(state.graph, state.plan, kernels, state.example_inputs)
-        configs = {n: candidates(triton_ahead.default_config(kernels[n], p), xblocks, warps)
-                   for n, p in predictions.items() if not isinstance(p, Unpredicted)}
-        ready = triton_ahead.compile_ahead(kernels, fns, predictions, target=triton_ahead.Target("cuda", 90, 32),
-                                           configs=configs)
-        for name, (predicted, loaders) in ready.items():
-            kernel = kernels[name]
-            print(f"{kernel.function} ({kernel.kind}{', persistent' if kernel.persistent else ''}"
-                  f"{', outer' if kernel.outer else ''}) xnumel {predicted.xnumel} rnumel {predicted.rnumel}")
-            for loader in loaders:
-                if loader.future is not None and not compile_pool.wait(loader.future)["ok"]:
-                    print(f"  {loader.config}: compile failed")
-                    continue
-                entry = binary_cache.lookup(triton_ahead.binaries_root(), loader.key)
-                binary = triton_ahead.load_compiled(loader.fn, loader.spec, entry)
-                registers, spills = resource_usage(binary.kernel)
-                threads = 32 * loader.config.num_warps
-                resident = min(REGISTERS_PER_SM // max(registers * threads, 1), 2048 // threads, 32)
-                marker = " (default)" if loader is loaders[0] else ""
-                ptx = binary.asm.get("ptx", "")
-                ptx = ptx if isinstance(ptx, str) else ptx.decode()
-                print(f"  {loader.config.blocks()} warps {loader.config.num_warps}: {registers} registers, "
-                      f"{spills} spill bytes, {resident} programs an SM by registers{marker}\n"
-                      f"    global memory: {memory_instructions(ptx)}")
-                if args.ptx:
-                    os.makedirs(args.ptx, exist_ok=True)
-                    blocks = "_".join(f"{k}{v}" for k, v in loader.config.blocks().items())
-                    with open(os.path.join(args.ptx, f"{kernel.function}_{blocks}_w{loader.config.num_warps}.ptx"), "w") as f:
-                        f.write(ptx)
+        shown = None
+        for kernel, predicted, loader, binary in sm90_binaries(
+                state, lambda kernel, default: candidates(default, xblocks, warps)):
+            first = kernel is not shown
+            if first:
+                shown = kernel
+                print(f"{kernel.function} ({kernel.kind}{', persistent' if kernel.persistent else ''}"
+                      f"{', outer' if kernel.outer else ''}) xnumel {predicted.xnumel} rnumel {predicted.rnumel}")
+            if binary is None:
+                print(f"  {loader.config}: compile failed")
+                continue
+            registers, spills = resource_usage(binary.kernel)
+            threads = 32 * loader.config.num_warps
+            resident = min(REGISTERS_PER_SM // max(registers * threads, 1), 2048 // threads, 32)
+            marker = " (default)" if first else ""
+            ptx = ptx_of(binary)
+            print(f"  {loader.config.blocks()} warps {loader.config.num_warps}: {registers} registers, "
+                  f"{spills} spill bytes, {resident} programs an SM by registers{marker}\n"
+                  f"    global memory: {memory_instructions(ptx)}")
+            if args.ptx:
+                os.makedirs(args.ptx, exist_ok=True)
+                blocks = "_".join(f"{k}{v}" for k, v in loader.config.blocks().items())
+                with open(os.path.join(args.ptx, f"{kernel.function}_{blocks}_w{loader.config.num_warps}.ptx"), "w") as f:
+                    f.write(ptx)
     return 0
 
 

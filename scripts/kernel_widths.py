@@ -20,23 +20,19 @@ marked ``SCATTERED`` below 50%: a read across the lanes that no width shows.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 import torch  # noqa: E402
 
 import torchfuse  # noqa: E402
-from torchfuse import pipeline  # noqa: E402
+from kernel_registers import capture_states, ptx_of, sm90_binaries  # noqa: E402
 from torchfuse.bench.bandwidth import kernel_function_name  # noqa: E402
 from torchfuse.bench.suites import all_cases  # noqa: E402
 from torchfuse.diagnostics.coalescing import worst_sector_use  # noqa: E402
-from torchfuse.runtime import binary_cache, compile_pool, kernel_cache, launch, triton_ahead  # noqa: E402
-from torchfuse.runtime.predict import Unpredicted, predict_launches  # noqa: E402
 
 SECTOR_MIN_ELEMENTS = 1 << 20  # accesses of smaller buffers stay in L2
 ACCESS = re.compile(r"\b(ld|st)\.global((?:\.[\w]+)*)")
@@ -64,10 +60,7 @@ def is_narrow(widths: dict[int, int]) -> bool:
 
 def compile_case(name: str, quick: bool) -> list:
     """The pipeline states of every graph the case's step compiles for the Triton target."""
-    os.environ["TORCHFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernel_widths_")
-    launch.Launcher.__call__ = lambda self, *a, **k: None  # compile only: nothing runs on the CPU
-    captured: list = []
-    pipeline.STAGES = pipeline.STAGES + [("spy", captured.append)]
+    captured = capture_states()
     case = next(c for c in all_cases() if c.name == name)
     workload = case.build(torch.device("cpu"), quick)
     step = workload.make_step(lambda fn: torch.compile(fn, backend=torchfuse.backend, options={"target": "triton"}))
@@ -88,21 +81,10 @@ def main() -> int:
              for g in torchfuse.report().graphs for k in g.kernels if k.source}
     rows = []
     for state in states:
-        kernels = {n: dataclasses.replace(k, device="cuda") for n, k in state.kernels.items()}
-        fns = {n: kernel_cache.load_kernel(k.source, k.function, interpret=False) for n, k in kernels.items()}
-        predictions = predict_launches(state.graph, state.plan, kernels, state.example_inputs)
-        ready = triton_ahead.compile_ahead(kernels, fns, predictions, target=triton_ahead.Target("cuda", 90, 32))
-        for name, (predicted, loaders) in ready.items():
-            if isinstance(predicted, Unpredicted) or not loaders:
+        for kernel, _, loader, binary in sm90_binaries(state):
+            if binary is None:
                 continue
-            loader = loaders[0]
-            if loader.future is not None and not compile_pool.wait(loader.future)["ok"]:
-                continue
-            binary = triton_ahead.load_compiled(loader.fn, loader.spec,
-                                                binary_cache.lookup(triton_ahead.binaries_root(), loader.key))
-            ptx = binary.asm.get("ptx", "")
-            widths = access_widths(ptx if isinstance(ptx, str) else ptx.decode())
-            kernel = kernels[name]
+            widths = access_widths(ptx_of(binary))
             worst = worst_sector_use(kernel, state.graph.buffers, SECTOR_MIN_ELEMENTS)[:1] if args.sectors else []
             rows.append((sizes.get(kernel.function, 0), kernel, loader.config, widths, worst))
     rows.sort(key=lambda r: -r[0])

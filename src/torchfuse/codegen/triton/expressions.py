@@ -108,7 +108,7 @@ class ExpressionWriter(CseWriter):
             return Value(_literal(expr.value, expr.dtype), False)
         if isinstance(expr, IndexValue):
             text = self.index_text(expr.index)
-            is_tensor = any(s.name[:1] in TENSOR_INDEX_PREFIXES for s in expr.index.free_symbols)
+            is_tensor = any(_is_block_symbol(s) for s in expr.index.free_symbols)
             return self._assign(f"{text}" if is_tensor else text, is_tensor, scope, cast=expr.dtype)
         if isinstance(expr, Load):
             return self._emit_load(expr, scope)
@@ -191,7 +191,7 @@ class ExpressionWriter(CseWriter):
                 gathered = self.tensor(entry, scope)
                 offset_terms.append(f"({gathered}) * {print_index(stride)}")
                 # The masks of the loop variables the gathered value itself depends on.
-                loop_vars |= {sym.name[0] for sym in index_symbols(entry) if sym.name[:1] in TENSOR_INDEX_PREFIXES}
+                loop_vars |= {sym.name[0] for sym in index_symbols(entry) if _is_block_symbol(sym)}
                 self._note_sizes(stride)
             else:
                 direct = direct + entry * stride

@@ -83,8 +83,7 @@ def _guarded(node: Expr, known: tuple[Fact, ...], visit) -> Expr:
     if isinstance(node, IndexValue) and known and node.index.has(sympy.Min, sympy.Max):
         # No memory is read: the value only has to be right where the facts hold, so an idle
         # clamp goes without a mask (a nested cat's condition on the outer one's clamped index).
-        forms = [(form, i) for i, fact in enumerate(known) for form in _forms(*fact)]
-        index = _drop_idle_clamps(node.index, forms, set())
+        index = _drop_idle_clamps(node.index, _all_forms(known), set())
         return node if index == node.index else IndexValue(node.dtype, index)
     return node  # Const, GuardedLoad
 
@@ -100,7 +99,7 @@ def unclamp(load: Load, facts: tuple[Fact, ...]) -> tuple[Load, Expr | None]:
     All, not only those a proof used: a nested branch's condition may itself have been
     unclamped under the outer ones (a rotary ``cat`` inside a ``cat``), so it is right only
     where they hold; on the lanes where every fact holds, each is evaluated correctly."""
-    forms = [(form, i) for i, fact in enumerate(facts) for form in _forms(*fact)]
+    forms = _all_forms(facts)
     used: set[int] = set()
     index = tuple(e if isinstance(e, Expr) else _drop_idle_clamps(sympy.sympify(e), forms, used)
                   for e in load.index)
@@ -111,6 +110,11 @@ def unclamp(load: Load, facts: tuple[Fact, ...]) -> tuple[Load, Expr | None]:
         term = cond if holds else Op(torch.bool, "logical_not", (cond,))
         guard = term if guard is None else Op(torch.bool, "logical_and", (guard, term))
     return Load(load.dtype, load.buffer, index), guard
+
+
+def _all_forms(facts: tuple[Fact, ...]) -> list[tuple[sympy.Expr, int]]:
+    """Every ``form <= 0`` the facts give, with the index of the fact it came from."""
+    return [(form, i) for i, fact in enumerate(facts) for form in _forms(*fact)]
 
 
 def _forms(cond: Expr, holds: bool) -> list[sympy.Expr]:
