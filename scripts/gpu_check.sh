@@ -63,11 +63,11 @@ run_autotune() {  # cases (default: the micro suite)
 }
 
 run_verify() {  # cases
-    timeout 240 python3 -m pytest tests -n 14 -v -p no:cacheprovider -p no:logging --timeout 200 \
+    timeout 280 python3 -m pytest tests -n 14 -o addopts="" -v -p no:cacheprovider -p no:logging --timeout 200 \
         -W ignore --tb=short > "$out/tests.log" 2>&1
     echo "tests exit $?" >> "$out/tests.log"
     grep -E "^(FAILED|ERROR)|passed|failed" "$out/tests.log" | tail -15 > "$out/failures.txt"
-    timeout 330 python3 scripts/gpu_profile.py ${1:+--cases "$1"} --backends eager,inductor,torchfuse \
+    timeout 300 python3 scripts/gpu_profile.py ${1:+--cases "$1"} --backends eager,inductor,torchfuse \
         --out "$out/profile" > "$out/profile.log" 2>&1
     echo "profile exit $?" >> "$out/profile.log"
 }
@@ -90,8 +90,11 @@ tail -n 4 "$out"/*.log
 # A device call brings back at most 8 files (device/README.md): everything goes into one archive,
 # and only the short top-level logs stay beside it.
 pack_results() {
-    local archive="$out/results.tgz"
-    tar czf "$archive.tmp" -C "$out" --exclude results.tgz --exclude results.tgz.tmp . && mv "$archive.tmp" "$archive"
+    # The archive is written outside $out: tar fails ("file changed as we read it") on a directory
+    # that grows while it reads it, and the clean-up below would then delete the only copy.
+    local archive="$out/results.tgz" staging
+    staging="$(mktemp /tmp/results.XXXXXX.tgz)"
+    tar czf "$staging" -C "$out" --exclude results.tgz . && mv "$staging" "$archive" || return 0
     find "$out" -mindepth 1 -depth ! -name results.tgz ! -name '*.log' ! -name failures.txt -delete 2>/dev/null
     find "$out" -mindepth 2 -name '*.log' -delete 2>/dev/null
     find "$out" -mindepth 1 -type d -empty -delete 2>/dev/null
