@@ -25,6 +25,7 @@ by 1 except where the row changes, and passes; lanes that each gather a differen
 from __future__ import annotations
 
 import re
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -138,6 +139,14 @@ def probs_and_transposed_grad(p, g, s):
     return p.to(torch.bfloat16), ds.transpose(-1, -2).to(torch.bfloat16)
 
 
+def relative_position_bias(buckets, table, scores):
+    """T5's attention scores plus a relative-position bias, in a forward graph that saves the
+    bias for the backward: an embedding lookup of shape [S, S, H] read as [1, H, S, S]."""
+    bias = torch.nn.functional.embedding(buckets, table)
+    probs = torch.softmax(scores * bias.permute(2, 0, 1).unsqueeze(0), -1)
+    return probs, bias
+
+
 def pad_features(x):
     return torch.nn.functional.pad(x, (0, 8))
 
@@ -176,7 +185,12 @@ CASES = {
     "bn_relu_max_pool_channels_last": (bn_relu_max_pool, lambda: (_channels_last(32, 64, 112, 112).to(torch.bfloat16),
                                                                   torch.randn(64, dtype=torch.bfloat16),
                                                                   torch.randn(64, dtype=torch.bfloat16))),
+    "relative_position_bias": (relative_position_bias, lambda: (torch.randint(0, 32, (512, 512)), torch.randn(32, 8),
+                                                                torch.randn(2, 8, 512, 512))),
 }
+# Forward graphs whose outputs from this position on are saved for the backward: their layout
+# is the compiler's to choose (lowering/reader_layout.py).
+SAVED_FROM = {"relative_position_bias": 1}
 # Cases that read a region of an input under a condition (cat, pad, a padded pooling window).
 REGIONS = {"swiglu_grad_cat", "rotate_half", "pad_features", "bn_relu_max_pool_channels_last"}
 # Cases whose 1-D kernel would read (or write) across its lanes: each must be tiled in 2-D.
@@ -185,10 +199,13 @@ TILED = {"transposed_add", "nchw_to_channels_last", "channels_last_to_nchw", "ke
 
 def _rendered(fn, args):
     """(kernel, rendered kernel) for each kernel of ``fn`` on the Triton target, through the
-    pipeline's stages, without running anything."""
+    pipeline's stages, without running anything (``SAVED_FROM`` says which outputs a forward
+    graph saves)."""
+    saved_from = SAVED_FROM.get(fn.__name__)
     gm = make_fx(fn, decomposition_table=decomposition_table())(*args)  # as aot_autograd decomposes
     state = pipeline.CompileState(gm, list(args), Options(target="triton"), "triton", GraphReport("g", "inference", "triton"))
-    pipeline.stage_lower(state)
+    with patch.object(pipeline, "relayout_outputs_from", lambda kind: saved_from):
+        pipeline.stage_lower(state)
     pipeline.stage_schedule(state)
     hint = lambda e: int(e)  # noqa: E731  (static sizes)
     kernels = [(k, pipeline.render_triton_kernel(k, state.graph.buffers, hint)) for k in state.plan.kernels]

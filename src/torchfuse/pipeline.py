@@ -36,6 +36,7 @@ from torchfuse.lowering.driver import lower
 from torchfuse.lowering.input_strides import adopt_input_strides
 from torchfuse.lowering.matmul_padding import has_unaligned_matmul, pad_unaligned_matmuls, padded_output_strides
 from torchfuse.lowering.operand_padding import pad_unaligned_operands
+from torchfuse.lowering.reader_layout import prefer_reader_layouts
 from torchfuse.options import Options
 from torchfuse.runtime import autotune, cpp_build, cudagraphs, graph_cache, kernel_cache, triton_ahead, wrapper
 from torchfuse.runtime.predict import Unpredicted, predict_launches
@@ -121,7 +122,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str
             "pass options={'strict': True} to raise.",
             stacklevel=2,
         )
-        call = _run_with_aten(gm)
+        call = _run_with_aten(gm, _fallback_output_strides(state))
         _report_output_strides(state)  # the rewritten graph runs: its padded outputs stay
     reports.record(graph_report)
     call._boxed_call = True
@@ -196,8 +197,12 @@ def padded_outputs_from(kind: str) -> int | None:
     matmul_padding.py): every output of an inference graph; a forward graph's outputs saved for
     the backward when aot_autograd collects the forward's output strides (it gives them to the
     backward's inputs); None otherwise."""
-    if kind == "inference":
-        return 0
+    return 0 if kind == "inference" else relayout_outputs_from(kind)
+
+
+def relayout_outputs_from(kind: str) -> int | None:
+    """The first output position whose layout torchfuse may choose (``lowering/reader_layout.py``):
+    a forward graph's saved tensors, when aot_autograd collects the forward's output strides."""
     if kind == "forward" and getattr(TracingContext.try_get(), "output_strides", None) is not None:
         return saved_outputs_start(kind)
     return None
@@ -225,6 +230,8 @@ def _run_stages_or_restore(state: CompileState) -> Callable:
         # Whether a padded matmul result may be returned changes the code of a graph that has one
         padded_from = padded_outputs_from(state.report.kind) if has_unaligned_matmul(state.gm) else None
         kind = state.report.kind + (f", padded outputs from {padded_from}" if padded_from is not None else "")
+        relaid_from = relayout_outputs_from(state.report.kind)  # saved tensors may change layout
+        kind += f", saved outputs relaid from {relaid_from}" if relaid_from is not None else ""
         key = graph_cache.graph_key(state.gm, kind, state.target, state.options)
         entry = graph_cache.lookup(key) if key is not None else None
         if entry is not None:
@@ -291,13 +298,33 @@ def _load_launchers(kernels: dict, graph_name: str) -> dict:
     return launchers
 
 
-def _run_with_aten(gm: torch.fx.GraphModule) -> Callable:
+def _run_with_aten(gm: torch.fx.GraphModule, output_strides: dict[int, tuple] | None = None) -> Callable:
+    """Run the FX graph with ATen; the outputs at the positions of ``output_strides`` are given
+    those strides (what aot_autograd was already told)."""
     def call(args: list) -> Any:
         values = list(args)
         args.clear()
-        return gm(*values)
+        outputs = gm(*values)
+        if not output_strides:
+            return outputs
+        outputs = list(outputs)
+        for position, strides in output_strides.items():
+            tensor = outputs[position]
+            outputs[position] = wrapper.ensure_layout(tensor, tuple(tensor.shape), tuple(strides))
+        return outputs
 
     return call
+
+
+def _fallback_output_strides(state: CompileState) -> dict[int, tuple]:
+    """The strides the ATen fallback must give its outputs. Strides already reported to
+    aot_autograd are a promise (the backward is compiled for them); when none were, only the
+    padded matmul results of the rewritten graph differ from eager's, and the report says so."""
+    reported = getattr(TracingContext.try_get(), "output_strides", None)
+    if reported:
+        return {position: strides for position, strides in enumerate(reported) if strides is not None}
+    state.report.output_strides = padded_output_strides(state.gm)
+    return {}
 
 
 def _checked(call: Callable, gm: torch.fx.GraphModule, name: str) -> Callable:
@@ -367,6 +394,11 @@ def stage_lower(state: CompileState) -> None:
     # those scatters stay ATen's deterministic kernels. C++ scatters add in a fixed order.
     unordered_adds = not (state.target == "triton" and torch.are_deterministic_algorithms_enabled())
     state.graph = lower(state.gm, state.report.name, unordered_adds)
+    # Buffers read through a permuted view are stored the way their readers walk them; a forward
+    # graph's saved tensors among them are reported to aot_autograd with their new strides.
+    if state.target != "aten":  # ATen runs the FX graph: its outputs keep eager's layouts
+        relaid = prefer_reader_layouts(state.graph, relayout_outputs_from(state.report.kind))
+        state.report.output_strides = {**state.report.output_strides, **relaid}
     state.report.device_notes = place_on_one_device(state.graph)
     if state.target == "triton":
         # Reductions with too few outputs to fill a GPU become two stages (codegen/triton/split.py):

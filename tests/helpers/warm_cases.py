@@ -60,6 +60,20 @@ def _aliasing_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     return y, y.view(-1), y[1]
 
 
+class _RelativeBias(torch.nn.Module):
+    """A looked-up bias read through a permutation and saved for the backward: the forward stores
+    it in its readers' order and tells AOTAutograd (lowering/reader_layout.py), so a warm process
+    must make the same choice for the backward it restores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(_randn(32, 4, seed=2))
+
+    def forward(self, buckets: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        bias = F.embedding(buckets, self.table).permute(2, 0, 1).unsqueeze(0)
+        return torch.softmax(scores * bias, -1)
+
+
 def _random(x: torch.Tensor) -> torch.Tensor:
     return F.dropout(x, 0.5, training=True) + x
 
@@ -75,6 +89,8 @@ CASES: dict[str, Case] = {
     "aliasing_outputs": Case(lambda: (_aliasing_outputs, [_randn(3, 4)])),
     "aliasing_outputs_training": Case(lambda: (_aliasing_outputs, [_randn(3, 4, grad=True)]), backward=True),
     "dropout": Case(lambda: (_random, [_randn(64, 32)])),
+    "relative_bias_training": Case(lambda: (_RelativeBias(), [torch.randint(0, 32, (16, 16), generator=torch.Generator().manual_seed(3)),
+                                                              _randn(3, 4, 16, 16, grad=True)]), backward=True),
 }
 
 

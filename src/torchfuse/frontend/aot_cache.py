@@ -357,6 +357,11 @@ def _rebuild(entry: AotEntry, compilers: Compilers, fake_mode: FakeTensorMode, a
         if training or torch._C._is_any_autocast_enabled():
             modes.enter_context(torch._C._DisableAutocast())
         modes.enter_context(track_graph_compiling(aot_config, "forward" if training else "inference"))
+        if training:
+            # As AOTAutograd collects them: the forward may then lay out its saved tensors as
+            # when traced (padded matmul results, lowering/reader_layout.py), which the stored
+            # backward's inputs already assume. What it reports is not needed again.
+            modes.enter_context(TracingContext.report_output_strides())
         compiled_fw = (compilers.forward if training else compilers.inference)(gm, inputs)
     compiled_bw = None
     if training:
