@@ -189,7 +189,7 @@ CASES = {
                                                                 torch.randn(2, 8, 512, 512))),
 }
 # Forward graphs whose outputs from this position on are saved for the backward: their layout
-# is the compiler's to choose (lowering/reader_layout.py).
+# is the compiler's to choose (scheduler/reader_layout.py).
 SAVED_FROM = {"relative_position_bias": 1}
 # Cases that read a region of an input under a condition (cat, pad, a padded pooling window).
 REGIONS = {"swiglu_grad_cat", "rotate_half", "pad_features", "bn_relu_max_pool_channels_last"}
@@ -204,9 +204,9 @@ def _rendered(fn, args):
     saved_from = SAVED_FROM.get(fn.__name__)
     gm = make_fx(fn, decomposition_table=decomposition_table())(*args)  # as aot_autograd decomposes
     state = pipeline.CompileState(gm, list(args), Options(target="triton"), "triton", GraphReport("g", "inference", "triton"))
+    pipeline.stage_lower(state)
     with patch.object(pipeline, "relayout_outputs_from", lambda kind: saved_from):
-        pipeline.stage_lower(state)
-    pipeline.stage_schedule(state)
+        pipeline.stage_schedule(state)
     hint = lambda e: int(e)  # noqa: E731  (static sizes)
     kernels = [(k, pipeline.render_triton_kernel(k, state.graph.buffers, hint)) for k in state.plan.kernels]
     return state.graph, kernels

@@ -1,4 +1,4 @@
-"""Intermediate buffers are stored the way their readers walk them (lowering/reader_layout.py).
+"""Stored buffers are laid out the way the kernels reading them walk them (scheduler/reader_layout.py).
 
 The static half: which buffers move, and which must not. The running half: a training step
 whose forward saves a relaid buffer for the backward computes eager's values and gradients,
@@ -17,13 +17,18 @@ from torchfuse import pipeline
 from torchfuse.frontend.decompositions import decomposition_table
 from torchfuse.ir.graph import Pointwise
 from torchfuse.lowering.driver import lower
-from torchfuse.lowering.reader_layout import prefer_reader_layouts
+from torchfuse.scheduler.schedule import schedule
 
 S, H = 16, 4
 
 
 def _lowered(fn, *args):
     return lower(make_fx(fn, decomposition_table=decomposition_table())(*args), "g")
+
+
+def _relaid(graph, movable_outputs_from):
+    """Schedule ``graph`` and return the outputs it relaid."""
+    return schedule(graph, movable_outputs_from=movable_outputs_from).relaid_outputs
 
 
 def _embedding_buffer(graph):
@@ -43,7 +48,7 @@ def saved_bias(buckets, table, scores):
 
 def test_a_saved_buffer_read_through_a_permutation_takes_its_readers_order():
     graph = _lowered(saved_bias, *_bias_inputs())
-    assert prefer_reader_layouts(graph, movable_outputs_from=1) == {1: (S * H, 1, S)}
+    assert _relaid(graph, 1) == {1: (S * H, 1, S)}
     bias = _embedding_buffer(graph)
     assert bias.strides == (S * H, 1, S)  # [S, H, S] in memory: the readers' S innermost
     assert graph.outputs[1].strides == bias.strides
@@ -51,7 +56,7 @@ def test_a_saved_buffer_read_through_a_permutation_takes_its_readers_order():
 
 def test_a_user_visible_output_keeps_eagers_layout():
     graph = _lowered(saved_bias, *_bias_inputs())
-    assert prefer_reader_layouts(graph, movable_outputs_from=None) == {}
+    assert _relaid(graph, None) == {}
     assert _embedding_buffer(graph).strides == (S * H, H, 1)
 
 
@@ -61,7 +66,7 @@ def test_an_intermediate_read_by_an_aten_call_keeps_its_layout():
         return torch.softmax(scores * bias, -1) + torch.bmm(bias, bias).unsqueeze(0)
 
     graph = _lowered(bias_into_matmul, *_bias_inputs())
-    assert prefer_reader_layouts(graph, movable_outputs_from=None) == {}
+    assert _relaid(graph, None) == {}
     assert _embedding_buffer(graph).strides == (S * H, H, 1)
 
 
@@ -74,7 +79,7 @@ def test_readers_split_between_two_orders_keep_the_layout():
 
     buckets, table, _ = _bias_inputs()
     graph = _lowered(both_orders, buckets, table, torch.randn(S, S, H), torch.randn(H, S, S))
-    assert prefer_reader_layouts(graph, movable_outputs_from=None) == {}
+    assert _relaid(graph, None) == {}
 
 
 class RelativeBiasAttention(torch.nn.Module):

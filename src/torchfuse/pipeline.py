@@ -36,7 +36,6 @@ from torchfuse.lowering.driver import lower
 from torchfuse.lowering.input_strides import adopt_input_strides
 from torchfuse.lowering.matmul_padding import has_unaligned_matmul, pad_unaligned_matmuls, padded_output_strides
 from torchfuse.lowering.operand_padding import pad_unaligned_operands
-from torchfuse.lowering.reader_layout import prefer_reader_layouts
 from torchfuse.options import Options
 from torchfuse.runtime import autotune, cpp_build, cudagraphs, graph_cache, kernel_cache, triton_ahead, wrapper
 from torchfuse.runtime.predict import Unpredicted, predict_launches
@@ -201,7 +200,7 @@ def padded_outputs_from(kind: str) -> int | None:
 
 
 def relayout_outputs_from(kind: str) -> int | None:
-    """The first output position whose layout torchfuse may choose (``lowering/reader_layout.py``):
+    """The first output position whose layout torchfuse may choose (``scheduler/reader_layout.py``):
     a forward graph's saved tensors, when aot_autograd collects the forward's output strides."""
     if kind == "forward" and getattr(TracingContext.try_get(), "output_strides", None) is not None:
         return saved_outputs_start(kind)
@@ -396,9 +395,6 @@ def stage_lower(state: CompileState) -> None:
     state.graph = lower(state.gm, state.report.name, unordered_adds)
     # Buffers read through a permuted view are stored the way their readers walk them; a forward
     # graph's saved tensors among them are reported to aot_autograd with their new strides.
-    if state.target != "aten":  # ATen runs the FX graph: its outputs keep eager's layouts
-        relaid = prefer_reader_layouts(state.graph, relayout_outputs_from(state.report.kind))
-        state.report.output_strides = {**state.report.output_strides, **relaid}
     state.report.device_notes = place_on_one_device(state.graph)
     if state.target == "triton":
         # Reductions with too few outputs to fill a GPU become two stages (codegen/triton/split.py):
@@ -411,7 +407,12 @@ def stage_lower(state: CompileState) -> None:
 
 
 def stage_schedule(state: CompileState) -> None:
-    state.plan = scheduling.schedule(state.graph)
+    # Stored buffers take the layout their readers walk (scheduler/reader_layout.py); a forward
+    # graph's saved tensors among them are reported to aot_autograd with their new strides. ATen
+    # runs the FX graph instead: its outputs keep eager's layouts.
+    movable = relayout_outputs_from(state.report.kind) if state.target != "aten" else None
+    state.plan = scheduling.schedule(state.graph, movable_outputs_from=movable)
+    state.report.output_strides = {**state.report.output_strides, **state.plan.relaid_outputs}
     check_one_device(state.plan.kernels, state.graph.buffers)
     state.report.decisions = [d for d in state.plan.decisions if not d.fused]
     state.report.fusions = [d for d in state.plan.decisions if d.fused]

@@ -62,7 +62,7 @@ def _aliasing_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 class _RelativeBias(torch.nn.Module):
     """A looked-up bias read through a permutation and saved for the backward: the forward stores
-    it in its readers' order and tells AOTAutograd (lowering/reader_layout.py), so a warm process
+    it in its readers' order and tells AOTAutograd (scheduler/reader_layout.py), so a warm process
     must make the same choice for the backward it restores."""
 
     def __init__(self) -> None:

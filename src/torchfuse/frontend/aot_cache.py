@@ -359,7 +359,7 @@ def _rebuild(entry: AotEntry, compilers: Compilers, fake_mode: FakeTensorMode, a
         modes.enter_context(track_graph_compiling(aot_config, "forward" if training else "inference"))
         if training:
             # As AOTAutograd collects them: the forward may then lay out its saved tensors as
-            # when traced (padded matmul results, lowering/reader_layout.py), which the stored
+            # when traced (padded matmul results, scheduler/reader_layout.py), which the stored
             # backward's inputs already assume. What it reports is not needed again.
             modes.enter_context(TracingContext.report_output_strides())
         compiled_fw = (compilers.forward if training else compilers.inference)(gm, inputs)

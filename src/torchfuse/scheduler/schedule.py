@@ -23,6 +23,7 @@ from torchfuse.scheduler.decisions import FusionDecision
 from torchfuse.scheduler.devices import may_inline_across, travels_as_value
 from torchfuse.scheduler.in_place import store_mutations_in_place
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel, KernelMember, ScheduledItem
+from torchfuse.scheduler.reader_layout import prefer_reader_layouts
 
 Unit = Union[Pointwise, Reduction, ScatterAdd, Extern]
 
@@ -34,6 +35,8 @@ class Schedule:
     graph: Graph | None = None
     # buffer -> graph input whose memory it is written into (see in_place.py)
     in_place: dict[str, str] = field(default_factory=dict)
+    # output position -> the strides it was given instead of eager's (see reader_layout.py)
+    relaid_outputs: dict[int, tuple[int, ...]] = field(default_factory=dict)
     # Kernels run by one launch (codegen/triton/combo.py): the combined kernel's name -> its parts'
     # kernel names, consecutive in ``items`` in this order.
     launch_groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -43,17 +46,21 @@ class Schedule:
         return [i for i in self.items if isinstance(i, FusedKernel)]
 
 
-def schedule(graph: Graph, worth_fusing=policy.worth_fusing, should_realize=policy.should_realize) -> Schedule:
+def schedule(graph: Graph, worth_fusing=policy.worth_fusing, should_realize=policy.should_realize,
+             movable_outputs_from: int | None = None) -> Schedule:
     """Group the graph's nodes into fused kernels.
 
     Args:
-        graph: the lowered graph.
+        graph: the lowered graph; stored buffers may take another layout (reader_layout.py).
         worth_fusing / should_realize: policy functions (see ``policy.py``).
+        movable_outputs_from: the first output position whose layout may change too (a
+            forward graph's saved tensors), or None.
     Returns:
         A ``Schedule`` whose items run in order, with every fusion decision recorded.
     """
     state = _SchedulerState(graph)
     state.decide_realized(should_realize)
+    relaid = prefer_reader_layouts(graph, state.realized, state.inlined_body, movable_outputs_from)
     for node in graph.nodes:
         if isinstance(node, Extern):
             state.add_extern(node)
@@ -62,7 +69,7 @@ def schedule(graph: Graph, worth_fusing=policy.worth_fusing, should_realize=poli
     state.mark_stores()
     items = state.ordered_items()
     in_place = store_mutations_in_place(items, graph)
-    return Schedule(items, state.decisions, graph, in_place)
+    return Schedule(items, state.decisions, graph, in_place, relaid)
 
 
 class _SchedulerState:
@@ -77,6 +84,7 @@ class _SchedulerState:
         self.reads_of: dict[int, set[str]] = {}  # id(item) -> stored buffers it reads
         self.inlined_origins: dict[int, set[str]] = {}
         self.inliners: dict[torch.device, Inliner] = {}  # step 2's, once ``realized`` is final
+        self.layout_inliners: dict[torch.device, Inliner] = {}  # reader_layout.py's
 
     # -- step 1: realize or inline ------------------------------------------------------
     def decide_realized(self, should_realize) -> None:
@@ -176,6 +184,13 @@ class _SchedulerState:
         if isinstance(node, Pointwise) and name not in self.realized:
             return node
         return None
+
+    def inlined_body(self, node: Pointwise | Reduction) -> Expr:
+        """``node``'s body with the producers ``realized`` does not store in place, for the
+        layout pass (Inliners of its own: step 2's are made once layouts are final)."""
+        if node.device not in self.layout_inliners:
+            self.layout_inliners[node.device] = self._new_inliner(node.device)
+        return self.layout_inliners[node.device].inline(node.body).body
 
     def _new_inliner(self, device: torch.device) -> Inliner:
         """An Inliner for readers on ``device``, recomputing what ``realized`` does not store

@@ -1,38 +1,40 @@
-"""Lay out an intermediate buffer the way its readers walk it.
+"""Lay out a stored buffer the way the kernels that read it walk it.
 
-Lowering gives a node's buffer eager's layout (``driver._adopt_eager_layout``). For a buffer
-read through a permuted view that is the wrong one: T5 computes its relative-position bias as
-an embedding lookup of shape ``[S, S, H]`` and reads it as ``[1, H, S, S]`` in every attention
-layer, forward and backward. Each reader walks ``S`` (its contiguous axis) while the bias
-moves 8 elements a step: on an H100 the six forward softmax kernels ran at 55% of copy
-bandwidth and the layer-0 probability kernel at 45%, against ~90% for kernels reading in
-order. Stored ``[H, S, S]`` (8 MB written once, in order: the embedding kernel's own reads
-walk ``S`` as well), every read is in order.
+Lowering gives a node's buffer eager's layout (``lowering/driver._adopt_eager_layout``). For a
+buffer read through a permuted view that is the wrong one: T5 computes its relative-position
+bias as an embedding lookup of shape ``[S, S, H]`` and reads it as ``[1, H, S, S]`` in every
+attention layer, forward and backward. Each reader walks ``S`` (its contiguous axis) while the
+bias moves 8 elements a step: on an H100 the six forward softmax kernels ran at 55% of copy
+bandwidth and the layer-0 probability kernel at 45%, against ~90% for kernels reading in order.
+Stored ``[S, H, S]`` (8 MB written once, in order: the embedding kernel's own reads walk ``S``
+as well), every read is in order.
 
-For each buffer whose layout is still free and that a kernel will store (read by two nodes or
-more, or a graph output: one reader alone computes it inline), every reader votes, with as many elements as it
-iterates over, for the buffer dimension its lanes walk: a pointwise reader walks the unit-stride
-dimension of what it stores, a reduction its innermost reduced dimension (or, an outer reduction
-whose large reads are contiguous along a kept dimension, that one). The producer votes too, for
-the dimension its own large reads are contiguous along. When a dimension other than the current
-unit-stride one gets at least twice the current one's votes, it becomes the innermost; the other
-dimensions keep their order. Only where values live changes: every kernel indexes the buffer
-through its strides.
+This runs once the scheduler knows which buffers are stored (``realized``) and before it groups
+nodes into kernels (placement reads layouts). For each stored pointwise buffer whose layout is
+still free, every stored node that reads it, with its inlined producers in place, votes with as
+many elements as it iterates over for the buffer dimension its lanes walk: a pointwise node
+walks the unit-stride dimension of what it stores, a reduction its innermost reduced dimension
+(or, an outer reduction whose other large reads are contiguous along a kept dimension, that
+one). The producer votes too, for the dimension its own large reads are contiguous along. When
+a dimension other than the current unit-stride one gets at least twice the current one's votes,
+it becomes the innermost; the other dimensions keep their order. Nodes are visited last first,
+so a reader's own layout is settled before it votes. Only where values live changes: every
+kernel indexes the buffer through its strides.
 
 A buffer is left alone when its strides may already be relied on: read by an ATen call, the
-memory of an accumulating scatter, a graph output other than a forward graph's saved tensors
-(whose new strides aot_autograd is told, ``pipeline._report_output_strides``), or sized
-symbolically (the renderers order loops by numeric strides only).
+memory of an accumulating scatter or read by one, a graph output other than a forward graph's
+saved tensors (whose new strides aot_autograd is told, ``pipeline._report_output_strides``),
+or sized symbolically (the renderers order loops by numeric strides only).
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from typing import Callable, Iterable
 
 import sympy
 
-from torchfuse.ir.expr import Load, loads
-from torchfuse.ir.graph import Buffer, Extern, Graph, GraphOutput, Pointwise, Reduction, ScatterAdd, Shape
+from torchfuse.ir.expr import Expr, Load, loads
+from torchfuse.ir.graph import Buffer, Extern, Graph, GraphOutput, Pointwise, Reduction, ScatterAdd, Shape, node_exprs
 from torchfuse.ir.symbols import linear_coefficients, product
 
 # A reader's pull must be at least this many times the current layout's before it changes:
@@ -40,28 +42,32 @@ from torchfuse.ir.symbols import linear_coefficients, product
 MAJORITY = 2
 
 
-def prefer_reader_layouts(graph: Graph, movable_outputs_from: int | None) -> dict[int, tuple[int, ...]]:
-    """Relayout the free pointwise buffers of ``graph`` whose readers walk another dimension.
+def prefer_reader_layouts(graph: Graph, realized: set[str], inlined: Callable[[Pointwise | Reduction], Expr],
+                          movable_outputs_from: int | None) -> dict[int, tuple[int, ...]]:
+    """Relayout the stored pointwise buffers of ``graph`` whose readers walk another dimension.
 
     Args:
         graph: the lowered graph, changed in place (its buffers and outputs).
+        realized: the nodes whose buffers are stored (``schedule._SchedulerState.realized``).
+        inlined: a stored node's body with its inlined producers in place.
         movable_outputs_from: the first output position whose layout may change (a forward
             graph's saved tensors), or None when no output may.
     Returns:
         Output position -> its new strides, for the outputs that changed.
     """
-    users = graph.users()
     fixed = _fixed_buffers(graph, movable_outputs_from)
-    outputs = {out.buffer for out in graph.outputs}
+    stored = [n for n in graph.nodes if isinstance(n, (Pointwise, Reduction, ScatterAdd)) and n.name in realized]
+    bodies = {n.name: inlined(n) for n in stored if not isinstance(n, ScatterAdd)}
+    readers: dict[str, list] = {}
+    for node in stored:
+        for name in dict.fromkeys(load.buffer for expr in _exprs(node, bodies) for load in loads(expr)):
+            readers.setdefault(name, []).append(node)
     moved: dict[int, tuple[int, ...]] = {}
-    for node in graph.nodes:
+    for node in reversed(stored):
         if not isinstance(node, Pointwise) or node.name in fixed:
             continue
-        readers = users.get(node.name, [])
-        if len(readers) < 2 and node.name not in outputs:
-            continue  # one reader inlines it (scheduler/policy.py): no kernel stores it
         buffer = graph.buffers[node.name]
-        strides = _preferred_strides(node, buffer, readers, graph.buffers)
+        strides = _preferred_strides(node, buffer, readers.get(node.name, []), bodies, graph.buffers)
         if strides is None:
             continue
         graph.buffers[node.name] = Buffer(buffer.name, buffer.shape, buffer.dtype, buffer.device, strides)
@@ -70,6 +76,10 @@ def prefer_reader_layouts(graph: Graph, movable_outputs_from: int | None) -> dic
                 graph.outputs[position] = GraphOutput(node.name, buffer.shape, strides)
                 moved[position] = tuple(int(s) for s in strides)
     return moved
+
+
+def _exprs(node, bodies: dict[str, Expr]) -> tuple[Expr, ...]:
+    return node_exprs(node) if isinstance(node, ScatterAdd) else (bodies[node.name],)
 
 
 def _fixed_buffers(graph: Graph, movable_outputs_from: int | None) -> set[str]:
@@ -87,7 +97,8 @@ def _fixed_buffers(graph: Graph, movable_outputs_from: int | None) -> set[str]:
     return fixed
 
 
-def _preferred_strides(node: Pointwise, buffer: Buffer, readers: Iterable, buffers: dict[str, Buffer]) -> Shape | None:
+def _preferred_strides(node: Pointwise, buffer: Buffer, readers: Iterable, bodies: dict[str, Expr],
+                       buffers: dict[str, Buffer]) -> Shape | None:
     """New strides for ``node``'s buffer, or None to keep its layout."""
     if not _static(buffer.shape) or not _static(buffer.strides) or sympy.sympify(buffer.offset) != 0:
         return None
@@ -98,13 +109,14 @@ def _preferred_strides(node: Pointwise, buffer: Buffer, readers: Iterable, buffe
     for reader in readers:
         if isinstance(reader, ScatterAdd):
             return None  # its lanes follow its source, which this module does not model
-        lane = _lane_var(reader, buffers, skip=node.name)
-        for load in loads(reader.body):
+        body = bodies[reader.name]
+        lane = _lane_var(reader, body, buffers, skip=node.name)
+        for load in loads(body):
             if load.buffer == node.name and lane is not None:
                 dim = _dim_walked(load, lane)
                 if dim is not None:
                     votes[dim] += _iterations(reader)
-    for dim, weight in _producer_votes(node, buffers).items():
+    for dim, weight in _producer_votes(node, bodies[node.name], buffers).items():
         votes[dim] += weight
     if not votes:
         return None
@@ -114,7 +126,7 @@ def _preferred_strides(node: Pointwise, buffer: Buffer, readers: Iterable, buffe
     return _strides_with_innermost(buffer, winner)
 
 
-def _lane_var(reader: Pointwise | Reduction, buffers: dict[str, Buffer], skip: str) -> sympy.Symbol | None:
+def _lane_var(reader: Pointwise | Reduction, body: Expr, buffers: dict[str, Buffer], skip: str) -> sympy.Symbol | None:
     """The variable of ``reader`` that neighbouring lanes of a GPU warp (or a vector of a C++
     loop) step through: the unit-stride dimension of what a pointwise node stores; a reduction's
     innermost reduced variable, or its output's unit-stride one when its large reads (other than
@@ -126,7 +138,7 @@ def _lane_var(reader: Pointwise | Reduction, buffers: dict[str, Buffer], skip: s
     reduced = [v for v, size in zip(reader.reduction_vars, reader.reduction_ranges) if size != 1]
     r_inner = reduced[-1] if reduced else None
     inner = outer = 0
-    for load in loads(reader.body):
+    for load in loads(body):
         source = buffers.get(load.buffer)
         if load.buffer == skip or source is None or load.is_indirect or not _static(source.shape):
             continue
@@ -139,14 +151,14 @@ def _lane_var(reader: Pointwise | Reduction, buffers: dict[str, Buffer], skip: s
     return out_var if outer > inner else r_inner
 
 
-def _producer_votes(node: Pointwise, buffers: dict[str, Buffer]) -> Counter:
+def _producer_votes(node: Pointwise, body: Expr, buffers: dict[str, Buffer]) -> Counter:
     """The producer's own pull: for each direct read of another buffer, the dimension of the
     node along which it is contiguous, with as many votes as elements it reads (at most the
     node's own)."""
     votes: Counter = Counter()
     size = _iterations(node)
     seen = set()
-    for load in loads(node.body):
+    for load in loads(body):
         source = buffers.get(load.buffer)
         if source is None or load.is_indirect or not _static(source.shape) or (load.buffer, load.index) in seen:
             continue
