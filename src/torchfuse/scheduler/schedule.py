@@ -84,7 +84,6 @@ class _SchedulerState:
         self.reads_of: dict[int, set[str]] = {}  # id(item) -> stored buffers it reads
         self.inlined_origins: dict[int, set[str]] = {}
         self.inliners: dict[torch.device, Inliner] = {}  # step 2's, once ``realized`` is final
-        self.layout_inliners: dict[torch.device, Inliner] = {}  # reader_layout.py's
 
     # -- step 1: realize or inline ------------------------------------------------------
     def decide_realized(self, should_realize) -> None:
@@ -187,10 +186,9 @@ class _SchedulerState:
 
     def inlined_body(self, node: Pointwise | Reduction) -> Expr:
         """``node``'s body with the producers ``realized`` does not store in place, for the
-        layout pass (Inliners of its own: step 2's are made once layouts are final)."""
-        if node.device not in self.layout_inliners:
-            self.layout_inliners[node.device] = self._new_inliner(node.device)
-        return self.layout_inliners[node.device].inline(node.body).body
+        layout pass. It shares step 2's Inliners: inlining composes indices per dimension,
+        never through strides, so what it memoises holds whatever layouts the pass picks."""
+        return self._inline(node.body, node.device, set())
 
     def _new_inliner(self, device: torch.device) -> Inliner:
         """An Inliner for readers on ``device``, recomputing what ``realized`` does not store
