@@ -15,8 +15,10 @@ import torchfuse
 from conftest import DEVICE, assert_close, compile_strict, to_float64
 from torchfuse import pipeline
 from torchfuse.frontend.decompositions import decomposition_table
-from torchfuse.ir.graph import Pointwise
+from torchfuse.ir.expr import loads
+from torchfuse.ir.graph import Pointwise, Reduction
 from torchfuse.lowering.driver import lower
+from torchfuse.scheduler.reader_layout import _lane_var
 from torchfuse.scheduler.schedule import schedule
 
 S, H = 16, 4
@@ -144,3 +146,16 @@ def test_the_aten_fallback_returns_the_layouts_aot_autograd_was_told(monkeypatch
     assert forward.target == "aten"
     promised = [] if failing == "wrapper" else [(S * H, 1, S)]
     assert list(forward.output_strides.values()) == promised
+
+
+def test_a_row_statistic_does_not_make_a_reduction_outer():
+    """Layer norm's centered sums read their input along the reduced row and the row's mean
+    once a row; only the first says where the lanes go. (Counting the mean as a read along
+    the rows had BERT's embedding sum stored transposed.)"""
+    graph = _lowered(lambda x, w: F.layer_norm(x * 2, (96,), w), torch.randn(2, 64, 96), torch.randn(96))
+    centered = [n for n in graph.nodes if isinstance(n, Reduction) and n.origin == "aten.var_mean.correction"
+                and any(load.buffer != "x_1" for load in loads(n.body))]
+    assert centered
+    for node in centered:
+        (source,) = {load.buffer for load in loads(node.body) if graph.buffers[load.buffer].shape == (2, 64, 96)}
+        assert _lane_var(node, node.body, graph.buffers, skip=source) == node.reduction_vars[0]

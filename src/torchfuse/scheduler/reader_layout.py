@@ -129,8 +129,9 @@ def _preferred_strides(node: Pointwise, buffer: Buffer, readers: Iterable, bodie
 def _lane_var(reader: Pointwise | Reduction, body: Expr, buffers: dict[str, Buffer], skip: str) -> sympy.Symbol | None:
     """The variable of ``reader`` that neighbouring lanes of a GPU warp (or a vector of a C++
     loop) step through: the unit-stride dimension of what a pointwise node stores; a reduction's
-    innermost reduced variable, or its output's unit-stride one when its large reads (other than
-    ``skip``'s) are contiguous along that instead (an outer reduction)."""
+    innermost reduced variable, unless its other large reads (those moving with a reduced
+    variable, as ``codegen/triton/tiling.py`` counts them; ``skip``'s own left out) are mostly
+    contiguous along its output's unit-stride variable instead (an outer reduction)."""
     stored = _unit_dim(buffers[reader.name])
     out_var = reader.vars[stored] if stored is not None else None
     if isinstance(reader, Pointwise):
@@ -142,12 +143,12 @@ def _lane_var(reader: Pointwise | Reduction, body: Expr, buffers: dict[str, Buff
         source = buffers.get(load.buffer)
         if load.buffer == skip or source is None or load.is_indirect or not _static(source.shape):
             continue
+        if not sympy.sympify(source.flat_offset(load.index)).has(*reduced):
+            continue  # a row statistic or a broadcast weight: read once a row
         walked = _unit_stride_vars(load, source, [v for v in (r_inner, out_var) if v is not None])
         weight = int(product(source.shape))
         inner += weight if r_inner in walked else 0
         outer += weight if out_var in walked else 0
-    if inner == outer:
-        return None  # nothing else to follow (or a tie): the reader does not vote
     return out_var if outer > inner else r_inner
 
 
