@@ -198,6 +198,8 @@ def main() -> int:
                                 if row.bytes >= bandwidth.BIG_KERNEL_BYTES and row.share < bandwidth.TARGET_SHARE]
                     write_sources(torchfuse.report().graphs[graphs_before:], profile.top, args.sources,
                                   Path(args.out) / f"sources_{case.name}", slow_big)
+        # Each case's figures as soon as it is done: a call cut short by its time limit keeps them.
+        print(format_profiles([row for row in rows if row[0] == case.name]), flush=True)
         for backend, step in steps.items():
             if args.host_profile:
                 host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
