@@ -266,6 +266,30 @@ def test_a_scalar_reduction_runs_in_two_stages():
     assert int(first.xnumel) * int(first.rnumel) >= 4096 * 2048
 
 
+def layer_norm_weight_grads(grad, x, mean, rstd):
+    return (grad * ((x - mean) * rstd)).sum(0), grad.sum(0)
+
+
+def test_heavy_outer_reductions_count_their_live_tiles_and_take_smaller_tiles():
+    """A LayerNorm's weight and bias gradients hold two reduced tiles and four loads along both
+    axes at once (the split stage reads the row statistics per lane): ``live_tiles`` 6, and
+    a smaller tile than a plain column sum of the same shape gets (launch.py)."""
+    args = [torch.randn(4096, 768), torch.randn(4096, 768), torch.randn(4096, 1), torch.rand(4096, 1)]
+    _, kernels = _rendered(layer_norm_weight_grads, args)
+    heavy = [r for _, r in kernels if r.kind == "reduction" and r.outer and "ptr5" in r.source]
+    assert len(heavy) == 1, [r.source for _, r in kernels]
+    assert heavy[0].live_tiles == 6
+    _, plain = _rendered(column_sum, [torch.randn(4096, 768)])
+    split_stage = [r for _, r in plain if r.kind == "reduction" and r.xnumel == heavy[0].xnumel]
+    assert [r.live_tiles for r in split_stage] == [2]
+
+    def tile(rendered) -> int:
+        xblock, rblock = launcher(rendered).config(int(rendered.xnumel), int(rendered.rnumel)).constexprs
+        return xblock * rblock
+
+    assert tile(heavy[0]) < tile(split_stage[0])
+
+
 @pytest.mark.parametrize("case", sorted(TILED))
 def test_kernels_whose_reads_and_store_disagree_are_tiled(case):
     """The 2-D model above is only granted to kernels rendered as 2-D tiles; and those tiles are

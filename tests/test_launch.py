@@ -75,6 +75,25 @@ def test_block_sizes_follow_the_sizes():
     assert reduction_config(True, 65_536, 4, outer=True) == launch.Config(512, (128, 4), 1)  # fills the GPU first
 
 
+def test_heavy_outer_steps_take_small_tiles():
+    """An outer reduction step holding many tiles (accumulators and loads along both axes) gets
+    a tile of about 4096 elements over all of them: Swin's LayerNorm weight and bias gradients
+    (11 live tiles) ran 3x faster at [64 x 8], 4 warps, than at [128 x 64], 8 warps (H100)."""
+    assert reduction_config(False, 49_152, 196, outer=True) == launch.Config(384, (128, 64), 8)
+    assert reduction_config(False, 49_152, 196, outer=True, live_tiles=11) == launch.Config(768, (64, 8), 4)
+    # The lanes give way first, keeping 8 reduced rows a step; a warp per 128 elements; never
+    # below 512 elements.
+    assert reduction_config(False, 57_624, 256, outer=True, live_tiles=3) == launch.Config(451, (128, 8), 8)
+    assert reduction_config(False, 49_152, 196, outer=True, live_tiles=200) == launch.Config(768, (64, 8), 4)
+    # Persistent: T5's bias-gradient sum over a batch of 16, a warp per 512 elements.
+    assert reduction_config(True, 1 << 21, 16, outer=True, live_tiles=7) == launch.Config(65_536, (32, 16), 1)
+    # One or two live tiles (a column sum) and few reduced rows keep the tiles above.
+    for persistent, xnumel, rnumel in ((False, 49_152, 196), (True, 1 << 21, 16), (True, 1 << 20, 4)):
+        assert (reduction_config(persistent, xnumel, rnumel, outer=True, live_tiles=2)
+                == reduction_config(persistent, xnumel, rnumel, outer=True))
+    assert reduction_config(True, 1 << 20, 4, outer=True, live_tiles=9) == launch.Config(2048, (512, 4), 2)
+
+
 def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary():
     fn = FakeJit()
     launcher = Launcher(fn, "reduction", persistent=True, direct=True, current_device=lambda: 0,

@@ -109,7 +109,8 @@ class Access:
 
 def launcher(kernel) -> Launcher:
     """The launcher the wrapper builds for a rendered ``TritonKernel`` (for its config)."""
-    return Launcher(None, kernel.kind, kernel.persistent, direct=False, outer=kernel.outer, tile=kernel.tile)
+    return Launcher(None, kernel.kind, kernel.persistent, direct=False, outer=kernel.outer, tile=kernel.tile,
+                    live_tiles=kernel.live_tiles)
 
 
 def index_lines(source: str) -> dict[str, str]:

@@ -38,7 +38,8 @@ MAX_WARPS = 16
 INT32_REACH = 2**31 - 1  # the last index a 32-bit ``pid * XBLOCK + arange`` may reach
 
 
-def candidate_configs(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int) -> list[Config]:
+def candidate_configs(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int,
+                      live_tiles: int = 0) -> list[Config]:
     """The configs to time for one launch, the default first, without duplicates.
 
     Args:
@@ -47,12 +48,13 @@ def candidate_configs(kind: str, persistent: bool, outer: bool, xnumel: int, rnu
         persistent: a reduction holding its whole row in one tile.
         outer: a reduction tiled [RBLOCK, XBLOCK], the lanes along the rows.
         xnumel, rnumel: the launch's sizes (rnumel is 0 for pointwise kernels).
+        live_tiles: a reduction's tiles live in one step (``TritonKernel.live_tiles``).
     """
     if kind == "pointwise":
         default = pointwise_config(xnumel)
         shapes = _pointwise_neighbours(default)
     elif kind == "reduction":
-        default = reduction_config(persistent, xnumel, rnumel, outer)
+        default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles)
         shapes = _persistent_neighbours(default) if persistent else _looped_neighbours(default)
     else:
         return []

@@ -61,6 +61,18 @@ OUTER_XBLOCK, OUTER_TILE, FEW_PROGRAMS_TILE = 128, 2048, 4096
 # excite pools on the H200: 288 and 384 programs of [64 x 32] / [32 x 64] bf16 tiles, 1.0-1.2
 # TB/s). Grids under 2 x MIN_PROGRAMS take tiles of IN_FLIGHT_ELEMENTS / grid, up to MAX_OUTER_TILE.
 IN_FLIGHT_ELEMENTS, MAX_OUTER_TILE = 1 << 21, 8192
+# Those tiles suit a step of one load and one accumulator. A heavy step, holding many tiles at
+# once (``TritonKernel.live_tiles``: its accumulators and its loads that vary along both axes),
+# spills or runs one program an SM at that size: the tile shrinks to about HEAVY_STEP_ELEMENTS
+# over all its live tiles, not below HEAVY_MIN_TILE, keeping HEAVY_MIN_RBLOCK reduced rows (the
+# lanes give way first), with a warp per 128 elements. Measured on the H100
+# (scripts/time_kernels.py, Swin-T training): two LayerNorms' weight and bias gradients (4
+# accumulators, 7 loads) 240 -> 79 us at [64 x 8], 4 warps, instead of [128 x 64], 8 warps (255
+# registers, spilling); the relative-position bias gradient sums (1 accumulator, 5-6 loads) 174
+# -> 75 and 147 -> 67 us; T5's persistent bias-gradient sum over a batch of 16 (7 live tiles)
+# 340 -> 280 us at [32 x 16], 1 warp (a persistent tile takes a warp per 512 elements). Steps of
+# one or two tiles keep the tiles above.
+HEAVY_STEP_ELEMENTS, HEAVY_MIN_TILE, HEAVY_MIN_RBLOCK = 4096, 512, 8
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
 # kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
@@ -174,12 +186,13 @@ def tile_config(znumel: int, ynumel: int, xnumel: int) -> Config:
     return Config(grid(), (yblock, xblock), 8 if yblock * xblock >= 4096 else 4, names=("YBLOCK", "XBLOCK"))
 
 
-def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = False) -> Config:
+def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = False,
+                     live_tiles: int = 0) -> Config:
     """Grid and (XBLOCK, RBLOCK) of a reduction: ``outer`` tiles are [RBLOCK, XBLOCK] with the
     lanes along the rows; inner ones [XBLOCK, RBLOCK], a whole row (persistent) or RBLOCK of
-    it at a time (looped)."""
+    it at a time (looped). ``live_tiles``: the tiles one step holds (0: unknown, taken as few)."""
     if outer:
-        return _outer_config(persistent, xnumel, rnumel)
+        return _outer_config(persistent, xnumel, rnumel, live_tiles)
     if persistent:
         rblock = max(2, next_power_of_2(rnumel))
         if rblock <= SHORT_ROW_RBLOCK:
@@ -206,8 +219,9 @@ def _short_rows_config(xnumel: int, rnumel: int, rblock: int) -> Config:
     return Config(cdiv(xnumel, xblock), (xblock, rblock), warps)
 
 
-def _outer_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
+def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int) -> Config:
     xblock = min(OUTER_XBLOCK, max(2, next_power_of_2(xnumel)))
+    heavy_tile = _heavy_step_tile(live_tiles)
     if persistent:
         rblock = max(2, next_power_of_2(rnumel))
         # A few reduced elements (a grouped-query heads' gradient sums 4) would make tiles of a
@@ -216,6 +230,9 @@ def _outer_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
         xblock = min(max(xblock, OUTER_TILE // rblock), max(2, next_power_of_2(xnumel)))
         xblock = _fill_the_gpu(xnumel, rnumel, xblock, OUTER_MIN_XBLOCK)
         xblock = max(2, min(xblock, MAX_PERSISTENT_TILE // rblock))
+        if heavy_tile and rblock >= 16 and rblock * xblock > heavy_tile:  # (fewer: the lanes grew, above)
+            xblock = max(min(xblock, OUTER_MIN_XBLOCK), heavy_tile // rblock)
+            return Config(cdiv(xnumel, xblock), (xblock, rblock), max(1, min(8, rblock * xblock // 512)))
         if rblock < 16:
             # Warps beyond XBLOCK / 256 lie along the reduced axis (a warp's lanes take 8
             # contiguous bf16 each): every program then reduces across warps through shared
@@ -227,8 +244,20 @@ def _outer_config(persistent: bool, xnumel: int, rnumel: int) -> Config:
         # kernel: fewer lanes a program buy more programs and longer steps (a batch norm's second
         # stage, 72 outputs x 896 partials, was one program of 56 steps a loop: 133 us on the H200).
         xblock = _fill_the_gpu(xnumel, rnumel, xblock, OUTER_MIN_XBLOCK, small_too=True)
-        rblock = max(2, min(next_power_of_2(rnumel), _outer_loop_tile(cdiv(xnumel, xblock)) // xblock))
+        tile = _outer_loop_tile(cdiv(xnumel, xblock))
+        if heavy_tile and tile > heavy_tile:
+            xblock = max(min(xblock, OUTER_MIN_XBLOCK), min(xblock, heavy_tile // HEAVY_MIN_RBLOCK))
+            rblock = max(2, min(next_power_of_2(rnumel), heavy_tile // xblock))
+            return Config(cdiv(xnumel, xblock), (xblock, rblock), max(1, min(8, rblock * xblock // 128)))
+        rblock = max(2, min(next_power_of_2(rnumel), tile // xblock))
     return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 2048 else 4)
+
+
+def _heavy_step_tile(live_tiles: int) -> int:
+    """The largest tile for a step holding ``live_tiles`` tiles; 0 (no bound) for one or two."""
+    if live_tiles <= 2:
+        return 0
+    return max(HEAVY_MIN_TILE, 1 << max(1, HEAVY_STEP_ELEMENTS // live_tiles).bit_length() - 1)
 
 
 def _outer_loop_tile(grid: int) -> int:
@@ -262,13 +291,15 @@ class Launcher:
         outer: a reduction tiled [RBLOCK, XBLOCK], lanes along the rows (codegen/triton/tiling.py).
         tile: a pointwise kernel tiled [YBLOCK, XBLOCK]: its (Z, Y, X) extents
             (codegen/triton/tiles2d.py); it launches like a 1-D one, with (xnumel, 0, args).
+        live_tiles: a reduction's tiles live in one step (``TritonKernel.live_tiles``).
     """
 
     def __init__(self, fn: Any, kind: str, persistent: bool = False, direct: bool | None = None,
                  current_device: Callable[[], int] | None = None,
                  current_stream: Callable[[int], int] | None = None, outer: bool = False,
-                 tile: tuple[int, int, int] | None = None) -> None:
+                 tile: tuple[int, int, int] | None = None, live_tiles: int = 0) -> None:
         self.fn = fn
+        self.live_tiles = live_tiles
         self.kind = kind
         self.persistent = persistent
         self.outer = outer
@@ -386,18 +417,18 @@ class Launcher:
 
     def config(self, xnumel: int, rnumel: int) -> Config:
         """The default config for these sizes."""
-        return default_config(self.kind, self.persistent, self.outer, self.tile, xnumel, rnumel)
+        return default_config(self.kind, self.persistent, self.outer, self.tile, xnumel, rnumel, self.live_tiles)
 
 
 def default_config(kind: str, persistent: bool, outer: bool, tile: tuple[int, int, int] | None,
-                   xnumel: int, rnumel: int) -> Config:
+                   xnumel: int, rnumel: int, live_tiles: int = 0) -> Config:
     """The config of a launch when nothing is tuned (``tile_config`` / ``pointwise_config`` /
     ``reduction_config``): what a ``Launcher`` launches and what ``triton_ahead`` compiles."""
     if tile is not None:
         return tile_config(*tile)
     if kind in FLAT_KINDS:
         return pointwise_config(xnumel)
-    return reduction_config(persistent, xnumel, rnumel, outer)
+    return reduction_config(persistent, xnumel, rnumel, outer, live_tiles)
 
 
 def _specialization(arg: Any) -> Any:

@@ -408,7 +408,8 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
     for name, value in constants.items():
         if isinstance(value, TritonKernel):
             kernel = value
-            value = Launcher(launchers[kernel.name], kernel.kind, kernel.persistent, outer=kernel.outer, tile=kernel.tile)
+            value = Launcher(launchers[kernel.name], kernel.kind, kernel.persistent, outer=kernel.outer, tile=kernel.tile,
+                             live_tiles=kernel.live_tiles)
             if ahead and kernel.name in ahead:
                 launch, loads = ahead[kernel.name]
                 for load in loads:

@@ -56,6 +56,9 @@ class ExpressionWriter(CseWriter):
         # Where nodes whose branches' loads are already guarded (guards.py), by id; the dict
         # keeps them alive so an id is never reused.
         self._guarded: dict[int, Expr] = {}
+        # Memory loads that vary along both the rows and the reduced axis: each holds a whole
+        # tile in registers (launch.py sizes heavy reductions' tiles by them).
+        self.tile_loads = 0
         super().__init__()
 
     def value(self, expr, scope: Scope):
@@ -210,6 +213,8 @@ class ExpressionWriter(CseWriter):
         elif compute_dtype(buffer.dtype) != buffer.dtype:
             text += ".to(tl.float32)"
         is_tensor = bool(loop_vars)
+        if {"x", "r"} <= loop_vars:
+            self.tile_loads += 1
         if not is_tensor:  # a load at a fixed address still gives a (1-element) tensor
             text = f"tl.broadcast_to({text}, {self.unit_shape})"
         return self._assign(text, True, scope)

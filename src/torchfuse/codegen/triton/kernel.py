@@ -82,6 +82,9 @@ class TritonKernel:
     # A combined launch (combo.py): the kernels it runs. Not autotuned: its stores sit in the
     # parts' functions, under their own parameter names, so what it writes is not in its text.
     parts: tuple[str, ...] = ()
+    # A reduction's tile-shaped values live in one step: its accumulators and its loads that vary
+    # along both axes (launch.reduction_config keeps the tiles of heavy ones small); 0 otherwise.
+    live_tiles: int = 0
 
 
 def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
@@ -124,6 +127,7 @@ class KernelRenderer:
         self.pointers: dict[str, str] = {}
         self.scalars: dict[str, str] = {}  # buffer -> parameter holding its value
         self.registers: dict[str, str] = {}  # reduction buffer -> variable holding its row value
+        self.accumulators = 0  # tile-shaped accumulators (looped) or reduced tiles (persistent)
         rnumel_hint = size_hint(product(kernel.r_ranges))
         limit = min(persistent_limit, OUTER_PERSISTENT_LIMIT) if self.outer else persistent_limit
         self.persistent = self.is_reduction and 0 < rnumel_hint <= limit
@@ -301,6 +305,7 @@ class KernelRenderer:
         value = self.writer.tensor(self.flat_body(member), scope)
         acc_dtype = red.accumulator_dtype(node.reduce_op, node.dtype, node.body.dtype)
         tile = self.writer.new_var("tile")
+        self.accumulators += 1
         scope.emit(f"{tile} = tl.where(xmask & rmask, tl.broadcast_to({value}, {self.tile}).to({tl_dtype(acc_dtype)}), "
                    f"{red.identity(node.reduce_op, acc_dtype)})")
         result = self.writer.new_var("red")
@@ -322,8 +327,10 @@ class KernelRenderer:
             acc_dtype = red.accumulator_dtype(node.reduce_op, node.dtype, node.body.dtype)
             acc = self.writer.new_var("acc")
             top.emit(f"{acc} = tl.full({self.tile}, {red.identity(node.reduce_op, acc_dtype)}, {tl_dtype(acc_dtype)})")
+            self.accumulators += 1
             if node.reduce_op in ("argmax", "argmin"):
                 top.emit(f"{acc}_index = tl.full({self.tile}, 0, tl.int64)")
+                self.accumulators += 1
             accs.append((member, acc, acc_dtype))
         loop = self._open_r_loop(top)
         for member, acc, acc_dtype in accs:
@@ -393,7 +400,8 @@ class KernelRenderer:
                             product(self.kernel.r_ranges), self.kernel.kind, self.persistent, self.kernel.origins,
                             scalar_args, self.kernel.device.type, function,
                             self.outer, self.tile2d.numels if self.tile2d is not None else None,
-                            overwritable_inputs(self.kernel, self.buffers))
+                            overwritable_inputs(self.kernel, self.buffers),
+                            live_tiles=self.writer.tile_loads + self.accumulators if self.is_reduction else 0)
 
 
 def canonical_function_name(kind: str, signature_and_body: str) -> str:

@@ -89,6 +89,7 @@ def emit_pair(renderer: Any, pair: OnlinePair, top: Scope) -> None:
     running_max, running_sum = renderer.writer.new_var("accmax"), renderer.writer.new_var("accsum")
     top.emit(f"{running_max} = tl.full({renderer.tile}, float(\"-inf\"), {dtype})")
     top.emit(f"{running_sum} = tl.full({renderer.tile}, 0, {dtype})")
+    renderer.accumulators += 2
     loop = renderer._open_r_loop(top)
     value = renderer.writer.tensor(renderer.flat_body(maximum), loop)
     element, new_max = renderer.writer.new_var("elem"), renderer.writer.new_var("newmax")

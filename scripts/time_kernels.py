@@ -1,0 +1,148 @@
+"""Time saved kernel sources (gpu_profile.py --sources) over a grid of launch configs (GPU).
+
+A whole model is too slow to sweep configs in: this takes the kernels a profile flagged, as the
+profile saved them (their header lists the buffers read and written, in argument order), builds
+inputs of those shapes (floats random, integers and booleans zero, so every gathered index is in
+range), compiles every config in the worker pool at once, and times each with CUDA events as
+max-autotune does. It prints each kernel's configs fastest first, with GB/s for the bytes of
+its buffers, and the default's place.
+
+    python3 scripts/time_kernels.py out/profile/sources_swin_t_train/tf_red_f6f4....py:49152:196 ...
+
+XNUMEL and RNUMEL are the launch's sizes (the wrapper's; for a reduction, the number of outputs
+and the length of each row).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+import torch  # noqa: E402
+
+from torchfuse.runtime import autotune, kernel_cache, triton_ahead  # noqa: E402
+from torchfuse.runtime.launch import (Config, Launcher, PointerArg, _cuda_device_and_stream, cdiv,  # noqa: E402
+                                      default_config, next_power_of_2, specialization)
+from torchfuse.runtime.predict import PredictedLaunch  # noqa: E402
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i64": torch.int64,
+          "i32": torch.int32, "b1": torch.bool, "b8": torch.bool}
+ACCESS = re.compile(r"BufferAccess\(name='(\w+)', shape='(\w+)\[([\d, ]*)\]'")
+MIN_TILE, MAX_TILE = 512, 8192
+
+
+def buffers(source: str) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, dtype, shape) of each buffer in the header, reads then writes, first mention kept."""
+    header = source.split("\n\n", 1)[0]
+    seen: dict[str, tuple[str, torch.dtype, tuple[int, ...]]] = {}
+    for name, dtype, dims in ACCESS.findall(header):
+        shape = tuple(int(d) for d in dims.split(",") if d.strip())
+        seen.setdefault(name, (name, DTYPES[dtype], shape))
+    return list(seen.values())
+
+
+def make_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(shape, device="cuda").to(dtype)
+    return torch.zeros(shape, dtype=dtype, device="cuda")
+
+
+def describe_kernel(source: str) -> types.SimpleNamespace:
+    function = re.search(r"^def (tf_\w+)\(", source, re.M).group(1)
+    body = source[source.index(f"def {function}("):]
+    reduction = "RBLOCK" in body.split("\n", 1)[0]
+    # TritonKernel.live_tiles, from the text: accumulators or reduced tiles, and loads masked
+    # along both axes.
+    live = len(re.findall(r"= tl\.full\(\[(RBLOCK, XBLOCK|XBLOCK, RBLOCK)\]|\btile\d+ = tl\.where", body))
+    live += len(re.findall(r"tl\.load\([^\n]*xmask & rmask", body))
+    return types.SimpleNamespace(
+        function=function, source=source, tile=None, live_tiles=live if reduction else 0,
+        kind="reduction" if reduction else "pointwise",
+        persistent=reduction and "for roffset" not in body,
+        outer="tl.arange(0, XBLOCK)[None, :]" in body)
+
+
+def config_grid(kernel: types.SimpleNamespace, xnumel: int, rnumel: int) -> list[Config]:
+    """The default, then power-of-two tiles of MIN_TILE to MAX_TILE elements with 1 (persistent)
+    or 2 to 8 warps; a looped reduction's RBLOCK from 8 to 64 (outer) or to its row (inner)."""
+    default = default_config(kernel.kind, kernel.persistent, kernel.outer, None, xnumel, rnumel, kernel.live_tiles)
+    if kernel.kind != "reduction":
+        return [default]
+    found = [default]
+    if kernel.persistent:
+        rblocks, warp_counts = [default.constexprs[1]], (1, 2, 4, 8)
+    else:
+        longest = 64 if kernel.outer else min(1024, next_power_of_2(rnumel))
+        rblocks, warp_counts = [2 ** i for i in range(3, 11) if 2 ** i <= longest], (2, 4, 8)
+    for rblock in rblocks:
+        for xblock in (2 ** i for i in range(12)):
+            if not MIN_TILE <= xblock * rblock <= MAX_TILE or xblock > 2 * xnumel:
+                continue
+            for warps in warp_counts:
+                config = Config(cdiv(xnumel, xblock), (xblock, rblock), warps)
+                if config not in found:
+                    found.append(config)
+    return found
+
+
+def sweep(path: str, xnumel: int, rnumel: int, keep: int) -> dict:
+    source = Path(path).read_text()
+    kernel = describe_kernel(source)
+    fn = kernel_cache.load_kernel(source, kernel.function, interpret=False)
+    specs = buffers(source)
+    pointers = len(re.findall(r"\bptr\d+\b", source[source.index(f"def {kernel.function}("):].split("\n", 1)[0]))
+    if len(specs) != pointers:
+        return {"kernel": kernel.function, "error": f"{len(specs)} buffers in the header, {pointers} pointers"}
+    args = tuple(make_tensor(dtype, shape) for _, dtype, shape in specs)
+    moved = sum(a.numel() * a.element_size() for a in args)
+    configs = config_grid(kernel, xnumel, rnumel)
+    launch = PredictedLaunch(xnumel, rnumel, tuple(PointerArg(a.dtype, a.data_ptr() % 16 == 0) for a in args))
+    launcher = Launcher(fn, kernel.kind, kernel.persistent, outer=kernel.outer, live_tiles=kernel.live_tiles)
+    launcher.current_device, launcher.current_stream = _cuda_device_and_stream()
+    ready = triton_ahead.compile_ahead({kernel.function: kernel}, {kernel.function: fn},
+                                       {kernel.function: launch}, configs={kernel.function: configs})
+    for loader in ready.get(kernel.function, (None, []))[1]:
+        launcher.prepare(xnumel, rnumel, launch.args, loader, loader.config)
+    key = (torch.cuda.current_device(), xnumel, rnumel, *specialization(args))
+    timings = []
+    for config in configs:
+        try:
+            _, run = autotune._runner(launcher, key, config, xnumel, rnumel, list(args))
+            timings.append((config, autotune.cuda_timer(run, config) * 1e6))
+        except Exception as error:  # noqa: BLE001 - e.g. out of shared memory: that config is out
+            print(f"  {autotune.describe(config)}: {type(error).__name__}: {str(error)[:120]}")
+    default_us = timings[0][1]
+    ordered = sorted(timings, key=lambda t: t[1])
+    print(f"\n{kernel.function} ({'persistent' if kernel.persistent else 'looped'}"
+          f"{', outer' if kernel.outer else ''}) {xnumel} x {rnumel}, {moved / 1e6:.0f} MB; "
+          f"default {autotune.describe(timings[0][0])}: {default_us:.1f} us "
+          f"({moved / default_us / 1e3:.0f} GB/s), rank {ordered.index(timings[0]) + 1} of {len(timings)}")
+    for config, us in ordered[:keep]:
+        print(f"  {us:8.1f} us {moved / us / 1e3:7.0f} GB/s  {autotune.describe(config)}")
+    return {"kernel": kernel.function, "xnumel": xnumel, "rnumel": rnumel, "bytes": moved,
+            "timings": [(autotune.describe(c), us) for c, us in timings]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kernels", nargs="+", help="FILE:XNUMEL:RNUMEL")
+    parser.add_argument("--keep", type=int, default=10, help="configs printed per kernel")
+    parser.add_argument("--out", default=None, help="a JSON file for every timing")
+    options = parser.parse_args()
+    results = []
+    for item in options.kernels:
+        path, xnumel, rnumel = item.rsplit(":", 2)
+        results.append(sweep(path, int(xnumel), int(rnumel), options.keep))
+        sys.stdout.flush()
+    if options.out:
+        Path(options.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
