@@ -1,9 +1,10 @@
 """Time saved kernel sources (gpu_profile.py --sources) over a grid of launch configs (GPU).
 
 A whole model is too slow to sweep configs in: this takes the kernels a profile flagged, as the
-profile saved them (their header lists the buffers read and written, in argument order), builds
-inputs of those shapes (floats random, integers and booleans zero, so every gathered index is in
-range), compiles every config in the worker pool at once, and times each with CUDA events as
+profile saved them (their header lists the buffers read and written), builds inputs of those
+shapes (floats random, integers and booleans zero, so every gathered index is in range), checks
+on the CPU that the first and last programs stay inside them (a kernel that would not is left
+out: an illegal address ends the process's CUDA context), compiles every config in the worker pool at once, and times each with CUDA events as
 max-autotune does. It prints each kernel's configs fastest first, with GB/s for the bytes of
 its buffers, and the default's place.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import types
@@ -23,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from torchfuse.runtime import autotune, kernel_cache, triton_ahead  # noqa: E402
@@ -36,14 +39,62 @@ ACCESS = re.compile(r"BufferAccess\(name='(\w+)', shape='(\w+)\[([\d, ]*)\]'")
 MIN_TILE, MAX_TILE = 512, 8192
 
 
-def buffers(source: str) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-    """(name, dtype, shape) of each buffer in the header, reads then writes, first mention kept."""
+Spec = tuple[str, torch.dtype, tuple[int, ...]]  # a buffer's name, dtype and shape
+
+
+def header_buffers(source: str) -> tuple[list[Spec], list[Spec]]:
+    """The buffers the header says the kernel reads, and those it writes, first mention kept."""
     header = source.split("\n\n", 1)[0]
-    seen: dict[str, tuple[str, torch.dtype, tuple[int, ...]]] = {}
-    for name, dtype, dims in ACCESS.findall(header):
-        shape = tuple(int(d) for d in dims.split(",") if d.strip())
-        seen.setdefault(name, (name, DTYPES[dtype], shape))
-    return list(seen.values())
+    reads_text, _, writes_text = header.partition("writes [")
+    found: list[list[Spec]] = [[], []]
+    for text, out in ((reads_text, found[0]), (writes_text, found[1])):
+        for name, dtype, dims in ACCESS.findall(text):
+            if name not in [n for n, _, _ in out]:
+                out.append((name, DTYPES[dtype], tuple(int(d) for d in dims.split(",") if d.strip())))
+    return found[0], found[1]
+
+
+def pointer_buffers(source: str, function: str) -> list[Spec] | str:
+    """The buffer behind each pointer parameter, in order: the header lists reads then writes,
+    the parameters come in the order the kernel first used them, so the loaded-only pointers
+    take the reads in order and the stored ones the writes. A reason instead when that cannot
+    be told (a pointer both loaded and stored, or counts that differ)."""
+    body = source[source.index(f"def {function}("):]
+    pointers = re.findall(r"\b(ptr\d+)\b", body.split("\n", 1)[0])
+    stored = set(re.findall(r"tl\.(?:store|atomic_\w+)\((ptr\d+)", body))
+    loaded = set(re.findall(r"tl\.load\((ptr\d+)", body))
+    if stored & loaded:
+        return f"{sorted(stored & loaded)} both loaded and stored"
+    reads, writes = header_buffers(source)
+    read_pointers = [p for p in pointers if p not in stored]
+    write_pointers = [p for p in pointers if p in stored]
+    if len(read_pointers) != len(reads) or len(write_pointers) != len(writes):
+        return f"{len(reads)} reads and {len(writes)} writes in the header, pointers {pointers}"
+    by_pointer = dict(zip(read_pointers, reads)) | dict(zip(write_pointers, writes))
+    return [by_pointer[p] for p in pointers]
+
+
+def out_of_range(kernel: types.SimpleNamespace, specs: list[Spec], config: Config) -> list[str]:
+    """Accesses of the first and last programs (first and last loop steps) past their buffer,
+    worked out on the CPU (diagnostics/coalescing.py): launching them would fault the GPU."""
+    from torchfuse.diagnostics.coalescing import accesses_at, offset_texts
+
+    shaped = types.SimpleNamespace(**vars(kernel), pointer_args=[n for n, _, _ in specs])
+    # Gathered offsets use stand-ins for the loaded indices; the inputs here hold zeros instead.
+    gathered = {specs[int(pointer[3:])][0] for _, pointer, text in offset_texts(kernel.source)
+                if re.search(r"\btmp\d+\b", text)}
+    buffers = {n: types.SimpleNamespace(name=n, numel=math.prod(shape), dtype=d) for n, d, shape in specs}
+    rblock = config.blocks().get("RBLOCK", 1)
+    problems = []
+    for pid in sorted({0, config.grid - 1}):
+        for roffset in sorted({0, max(0, kernel.rnumel - 1) // rblock * rblock}):
+            for access in accesses_at(shaped, buffers, pid, roffset, strict=False):
+                if access.buffer.name in gathered:
+                    continue
+                mask = np.broadcast_to(access.mask, access.offsets.shape)
+                if mask.any() and (access.offsets[mask].max() >= access.buffer.numel or access.offsets[mask].min() < 0):
+                    problems.append(f"{access.kind} of {access.buffer.name} (program {pid}, step {roffset})")
+    return problems
 
 
 def make_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -94,13 +145,15 @@ def sweep(path: str, xnumel: int, rnumel: int, keep: int) -> dict:
     source = Path(path).read_text()
     kernel = describe_kernel(source)
     fn = kernel_cache.load_kernel(source, kernel.function, interpret=False)
-    specs = buffers(source)
-    pointers = len(re.findall(r"\bptr\d+\b", source[source.index(f"def {kernel.function}("):].split("\n", 1)[0]))
-    if len(specs) != pointers:
-        return {"kernel": kernel.function, "error": f"{len(specs)} buffers in the header, {pointers} pointers"}
+    kernel.xnumel, kernel.rnumel = xnumel, rnumel
+    specs = pointer_buffers(source, kernel.function)
+    configs = config_grid(kernel, xnumel, rnumel)
+    problems = [specs] if isinstance(specs, str) else out_of_range(kernel, specs, configs[0])
+    if problems:
+        print(f"\n{kernel.function}: not timed: {'; '.join(problems[:4])}")
+        return {"kernel": kernel.function, "error": problems}
     args = tuple(make_tensor(dtype, shape) for _, dtype, shape in specs)
     moved = sum(a.numel() * a.element_size() for a in args)
-    configs = config_grid(kernel, xnumel, rnumel)
     launch = PredictedLaunch(xnumel, rnumel, tuple(PointerArg(a.dtype, a.data_ptr() % 16 == 0) for a in args))
     launcher = Launcher(fn, kernel.kind, kernel.persistent, outer=kernel.outer, live_tiles=kernel.live_tiles)
     launcher.current_device, launcher.current_stream = _cuda_device_and_stream()
