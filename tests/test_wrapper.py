@@ -78,7 +78,7 @@ def test_graph_names_cannot_hide_the_wrappers_own_names():
     for got, want in zip(call([x, y]), fn(x, y)):
         assert got.stride() == want.stride()
         torch.testing.assert_close(got, want)
-    assert "tf_as_strided(as_strided" in report().graphs[-1].wrapper_source
+    assert "tf_as_strided_from(as_strided" in report().graphs[-1].wrapper_source
 
 
 def test_hot_aten_calls_go_through_their_python_binding():
@@ -93,3 +93,31 @@ def test_hot_aten_calls_go_through_their_python_binding():
     x, w, b = torch.randn(2, 3, 9, 9), torch.randn(4, 3, 3, 3), torch.randn(4)
     args = (x, w, b, [2, 1], [1, 0], [1, 1], False, [0, 0], 1)
     assert torch.equal(direct_binding(aten.convolution.default)(*args), aten.convolution.default(*args))
+
+
+def test_views_of_an_input_follow_the_offset_it_arrives_at():
+    """Dynamo does not guard storage offsets: a graph traced for an input at offset 27 runs on
+    the same shape at offsets 0 and 18. Views of it (an ATen operand, a returned view) are made
+    relative to the input's own offset, as the kernels index from its ``data_ptr()``. They were
+    absolute: offset 18 gave wrong results, offset 0 an out-of-bounds error. An operand an op
+    only reads is reinterpreted (``tf_reinterpret``, about half of ``as_strided``'s host cost)."""
+    from torchfuse.diagnostics.report import report
+    from torchfuse.runtime.wrapper import _writes_no_argument
+
+    def fn(x, w):
+        return (x[2:, 1:].t() @ w).relu(), x[1:, 2:].t(), (x.exp()[1:] * 2).sum()
+
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(40, 9, generator=gen, dtype=torch.float64).to(DEVICE)
+    w = torch.randn(35, 6, generator=gen, dtype=torch.float64).to(DEVICE)
+    compiled = compile_strict(fn)
+    for x in (base[3:], base[:37].clone(), base[2:39]):  # storage offsets 27, 0 and 18
+        for got, want in zip(compiled(x, w), fn(x, w)):
+            assert got.stride() == want.stride()
+            torch.testing.assert_close(got, want)
+    source = report().graphs[-1].wrapper_source
+    assert "tf_reinterpret(" in source, source
+    aten = torch.ops.aten
+    assert _writes_no_argument(aten.mm.default) and _writes_no_argument(aten.convolution.default)
+    assert not _writes_no_argument(aten.add_.Tensor) and not _writes_no_argument(aten.mm.out)
+    assert not _writes_no_argument(lambda x: x)  # no schema: as_strided

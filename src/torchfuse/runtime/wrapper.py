@@ -266,8 +266,9 @@ class WrapperWriter:
 
     def _emit_extern(self, node: Extern) -> None:
         fn = self._const(node.target, "aten_op")
-        args = ", ".join(self._extern_value(a) for a in node.args)
-        kwargs = "".join(f", {k}={self._extern_value(v)}" for k, v in node.kwargs.items())
+        reads_only = _writes_no_argument(node.target)
+        args = ", ".join(self._extern_value(a, reads_only) for a in node.args)
+        kwargs = "".join(f", {k}={self._extern_value(v, reads_only)}" for k, v in node.kwargs.items())
         self.emit(f"# {node.name}: {node.target}")
         result = f"{node.name}_result"
         self.emit(f"{result} = {fn}({args}{kwargs})")
@@ -286,11 +287,13 @@ class WrapperWriter:
         # result (and each unread output) alive until the graph returns.
         self.emit(f"del {result}")
 
-    def _extern_value(self, value: Any) -> str:
+    def _extern_value(self, value: Any, reads_only: bool = False) -> str:
+        """An extern call's argument; views of buffers an op only reads (``reads_only``) are
+        reinterpreted (``tf_reinterpret``), the others made with ``torch.as_strided``."""
         if isinstance(value, ExternArg):
-            return self._view(value.buffer, value.shape, value.strides, value.offset)
+            return self._view(value.buffer, value.shape, value.strides, value.offset, reads_only)
         if isinstance(value, (list, tuple)):
-            inner = ", ".join(self._extern_value(v) for v in value)
+            inner = ", ".join(self._extern_value(v, reads_only) for v in value)
             return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
         if isinstance(value, sympy.Expr):
             return py(value) if value.is_integer or not value.is_number else self._extern_value(float(value))
@@ -300,11 +303,23 @@ class WrapperWriter:
             return repr(value)
         return self._const(value, "const")
 
-    def _view(self, name: str, shape, strides, offset) -> str:
+    def _view(self, name: str, shape, strides, offset, reads_only: bool = False) -> str:
+        """``name`` seen with these sizes, strides and storage offset (as traced: absolute).
+
+        The offset is written relative to the buffer's own: Dynamo does not guard storage
+        offsets, so a graph input (and an ATen view of one) may arrive at another offset than
+        the traced one; the kernels index from ``data_ptr()``, which includes it, and so must
+        the views. A view only read by an ATen op is made with ``tf_reinterpret`` (a
+        ``torch._C`` binding that sets sizes and strides on a new tensor of the same storage):
+        ~0.6 against ~1.2 us for ``torch.as_strided``, which goes through the dispatcher, and a
+        training step makes hundreds. Its result is no autograd view and shares no version
+        counter with its base, so a tensor an op writes, or one the graph returns, is made
+        with ``tf_as_strided_from`` (``as_strided`` at the base's offset plus the relative one)."""
         buffer = self.graph.buffers[name]
         if tuple(shape) == buffer.shape and tuple(strides) == buffer.strides and sympy.sympify(offset) == buffer.offset:
             return name
-        return f"tf_as_strided({name}, {_tuple(shape)}, {_tuple(strides)}, {py(offset)})"
+        helper = "tf_reinterpret" if reads_only else "tf_as_strided_from"
+        return f"{helper}({name}, {_tuple(shape)}, {_tuple(strides)}, {py(sympy.sympify(offset) - buffer.offset)})"
 
     def _output(self, out) -> str:
         if out.buffer is None:
@@ -319,6 +334,30 @@ def _returns_fresh_tensors(target: Any) -> bool:
     if schema is None:
         return False
     return all(ret.alias_info is None for ret in schema.returns)
+
+
+def _writes_no_argument(target: Any) -> bool:
+    """True for an ATen op whose schema marks no argument as written (no in-place, no ``out=``)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return False
+    return not any(arg.alias_info is not None and arg.alias_info.is_write for arg in schema.arguments)
+
+
+def _reinterpret_function() -> Callable[..., torch.Tensor]:
+    """``tf_reinterpret(tensor, sizes, strides, offset)``: a tensor over ``tensor``'s storage with
+    these sizes and strides, ``offset`` elements past ``tensor``'s own storage offset. The
+    ``torch._C`` binding Dynamo's guards export (not Inductor's code), else ``as_strided``."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    fast = getattr(guards, "_reinterpret_tensor", None)
+    if fast is not None:
+        return fast
+    return as_strided_from
+
+
+def as_strided_from(tensor: torch.Tensor, sizes: tuple, strides: tuple, offset: int) -> torch.Tensor:
+    """``torch.as_strided`` ``offset`` elements past ``tensor``'s own storage offset."""
+    return torch.as_strided(tensor, sizes, strides, tensor.storage_offset() + offset)
 
 
 def _contiguous(buffer: Buffer):
@@ -400,7 +439,8 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
     under max-autotune their ``autotune.KernelTuner`` in ``tuners``), the graph's tensor
     constants by buffer name."""
     namespace: dict[str, Any] = {
-        "tf_empty_strided": torch.empty_strided, "tf_as_strided": torch.as_strided, "tf_ensure_layout": ensure_layout,
+        "tf_empty_strided": torch.empty_strided, "tf_as_strided_from": as_strided_from,
+        "tf_reinterpret": _reinterpret_function(), "tf_ensure_layout": ensure_layout,
         "tf_max": max, "tf_min": min, "tf_num_threads": torch.get_num_threads, "tf_empty_on": _empty_on,
         **_cuda_allocation(),
     }
