@@ -155,6 +155,26 @@ def test_empty_launches_do_nothing_and_the_interpreter_always_goes_through_trito
     assert len(fn.launches) == 2
 
 
+def test_fixed_arguments_enter_the_key_as_constants_unless_they_break_the_promise():
+    """``Launcher.fixed_args``: positions the wrapper promises are the same at every call (its own
+    aligned buffers, literal integers) are constants of the launch key, taken from the first
+    call; a promised tensor that is misaligned, or not on a CUDA device when that is required,
+    is read at every call like any other argument."""
+    from torchfuse.runtime.launch import spec_function, specialization
+
+    base = torch.empty(64)
+    args = (base[:32], base[1:33], base[:8].double(), 48, 3)
+    fn, trusted = spec_function(args, frozenset({0, 1, 3}))
+    assert fn(*args) == specialization(args)
+    assert trusted == {0}  # 1 is misaligned: not fixed; 3 is an int: constant, but no tensor to trust
+    moved = (base[8:40].double(), base[2:34], base[:8], 16, 5)
+    got, want = fn(*moved), specialization(moved)
+    assert got[0] == specialization(args)[0] and got[3] == specialization(args)[3]  # the constants
+    assert (got[1], got[2], got[4]) == (want[1], want[2], want[4])  # read at this call
+    _, trusted = spec_function(args, frozenset({0}), cuda_only=True)
+    assert trusted == frozenset()  # a CPU tensor is never trusted by a GPU launcher
+
+
 @pytest.mark.gpu
 def test_gpu_launches_go_straight_to_the_binary_and_match_eager():
     if not torch.cuda.is_available():
@@ -181,7 +201,7 @@ def test_the_written_out_specialization_equals_the_generic_one():
 
     base = torch.empty(64, dtype=torch.float32)
     args = (base, base[1:], torch.empty(3, dtype=torch.bfloat16), 1, 16, 17, 2**31, -2**31 - 1, 0.5, True)
-    fn = spec_function(args)
+    fn, _ = spec_function(args)
     assert fn(*args) == specialization(args)
     for other in [(base[2:], base, base[:3].to(torch.bfloat16), 32, 1, 2**40, 5, 7, 1.5, False),
                   (base, base, base, 3, 3, 3, 3, 3, 0.25, True)]:

@@ -5,6 +5,8 @@ import weakref
 
 import torch
 
+import torchfuse
+
 from conftest import DEVICE, compile_strict
 from torchfuse.runtime.wrapper import direct_binding
 
@@ -121,3 +123,38 @@ def test_views_of_an_input_follow_the_offset_it_arrives_at():
     assert _writes_no_argument(aten.mm.default) and _writes_no_argument(aten.convolution.default)
     assert not _writes_no_argument(aten.add_.Tensor) and not _writes_no_argument(aten.mm.out)
     assert not _writes_no_argument(lambda x: x)  # no schema: as_strided
+
+
+def test_launches_fix_the_wrappers_own_buffers_and_literals_only(monkeypatch):
+    """``WrapperWriter.fixed_args``: each launcher's fixed positions are pointers to buffers this
+    wrapper allocated (never a graph input or an ATen result) and literal integers."""
+    import re
+
+    from torchfuse.runtime import wrapper
+
+    captured: list = []
+    original = wrapper.bind_wrapper
+
+    def bind(source, constants, *rest):
+        captured.append((source, rest[-1]))
+        return original(source, constants, *rest)
+
+    monkeypatch.setattr(wrapper, "bind_wrapper", bind)
+
+    def fn(x, w):
+        y = torch.sigmoid(x) * 2
+        z = y.sum(1, keepdim=True) + y.amax(1, keepdim=True)
+        return ((y - z) @ w).relu() + 1, z
+
+    x, w = torch.randn(33, 17), torch.randn(17, 5)
+    out = torchfuse.compile(fn, options={"target": "triton", "strict": True})(x, w)
+    for got, want in zip(out, fn(x, w)):
+        torch.testing.assert_close(got, want)
+    source, fixed_args = captured[-1]
+    own = set(re.findall(r"(\w+) = tf_empty", source)) | set(re.findall(r"(\w+) = (\w+)(?:\.view\(.*\))?; del \2", source))
+    assert any(fixed_args.values()), (source, fixed_args)
+    for call in re.finditer(r"(tf_kernel\d+)\([^,]+, [^,]+, (.*)\)$", source, re.M):
+        args = [a.strip() for a in call.group(2).split(",")]
+        for position in fixed_args.get(call.group(1), ()):
+            assert args[position] in own or args[position].isdigit(), (call.group(0), position)
+        assert not {i for i, a in enumerate(args) if a in ("x", "w") or a.startswith("arg")} & fixed_args.get(call.group(1), set())

@@ -54,6 +54,7 @@ class CompileState:
     kernels: dict = field(default_factory=dict)
     launchers: dict = field(default_factory=dict)
     wrapper_constants: dict = field(default_factory=dict)  # objects the wrapper source names
+    fixed_args: dict = field(default_factory=dict)  # launcher constant -> arguments fixed at every call
     call: Callable | None = None
     predictions: dict = field(default_factory=dict)  # GPU kernel name -> PredictedLaunch | Unpredicted
     ahead: dict = field(default_factory=dict)  # GPU kernel name -> (PredictedLaunch, loader): compiling
@@ -263,7 +264,7 @@ def _cache_entry(state: CompileState) -> graph_cache.GraphEntry:
                         if n.op == "get_attr" and n.name in state.graph.constants}
     report = copy.deepcopy(state.report)
     return graph_cache.GraphEntry(report.wrapper_source, dict(state.wrapper_constants), state.launched_kernels(),
-                                  constant_targets, report, dict(state.predictions))
+                                  constant_targets, report, dict(state.predictions), dict(state.fixed_args))
 
 
 # What a cache hit takes from the stored report: everything the stages would have written.
@@ -279,8 +280,9 @@ def _restore(state: CompileState, entry: graph_cache.GraphEntry) -> None:
     state.kernels, state.launchers, state.wrapper_constants = entry.kernels, launchers, entry.wrapper_constants
     state.predictions = entry.predictions
     _compile_ahead(state)
+    state.fixed_args = getattr(entry, "fixed_args", {})  # absent from entries stored before it existed
     state.call = wrapper.bind_wrapper(entry.wrapper_source, entry.wrapper_constants, tensor_constants, launchers,
-                                      state.report.name, state.ahead, _tuners(state))
+                                      state.report.name, state.ahead, _tuners(state), state.fixed_args)
     stored = copy.deepcopy(entry.report)
     for name in RESTORED_REPORT_FIELDS:
         setattr(state.report, name, getattr(stored, name))
@@ -518,10 +520,10 @@ def stage_wrapper(state: CompileState) -> None:
     if state.target == "aten":
         state.call = _run_with_aten(state.gm)
         return
-    call, source, constants = wrapper.build_wrapper(state.graph, state.plan, state.kernels, state.launchers,
-                                                    state.ahead, _tuners(state))
+    call, source, constants, fixed_args = wrapper.build_wrapper(state.graph, state.plan, state.kernels,
+                                                                state.launchers, state.ahead, _tuners(state))
     state.report.wrapper_source = source
-    state.wrapper_constants = constants
+    state.wrapper_constants, state.fixed_args = constants, fixed_args
     state.call = call
 
 

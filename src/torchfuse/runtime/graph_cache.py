@@ -56,6 +56,8 @@ class GraphEntry:
     report: Any  # the GraphReport of the compile that stored it
     # GPU kernel name -> its predicted launch (runtime/predict.py), compiled ahead again on a hit
     predictions: dict[str, Any] = field(default_factory=dict)
+    # Launcher constant -> argument positions fixed at every call (``WrapperWriter.fixed_args``)
+    fixed_args: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
 stats = CacheStats()

@@ -255,26 +255,29 @@ def check_against_ptx(compiled: Any, types: str) -> None:
 
 
 # -- the launch function -------------------------------------------------------------------------
-def static_launch(compiled: Any, grid: int, tail: tuple[int, ...], n_args: int) -> Callable[..., None]:
+def static_launch(compiled: Any, grid: int, tail: tuple[int, ...], n_args: int,
+                  trusted: frozenset[int] = frozenset()) -> Callable[..., None]:
     """``launch(stream, *args)`` running ``compiled`` (loaded: ``compiled.run`` was read) through
     torch's launcher over ``grid`` programs; ``tail`` is what follows ``args`` in the kernel's
-    parameters (sizes, block sizes). Raises ``Refused`` when it does not qualify."""
+    parameters (sizes, block sizes); the tensors at ``trusted`` positions are known to be on a
+    CUDA device (the others are checked at each launch). Raises ``Refused`` when it does not
+    qualify."""
     launch_kernel = binding()
     params = binary_params(compiled, n_args, tail)
     check_against_ptx(compiled, params.types)
     function = compiled.function
     if not isinstance(function, int) or function == 0:
         raise Refused(f"no loaded CUfunction ({function!r})")
-    return _write_launch(launch_kernel, compiled, params, grid, tail, n_args)
+    return _write_launch(launch_kernel, compiled, params, grid, tail, n_args, trusted)
 
 
 def _write_launch(launch_kernel: Callable[..., Any], compiled: Any, params: BinaryParams, grid: int,
-                  tail: tuple[int, ...], n_args: int) -> Callable[..., None]:
+                  tail: tuple[int, ...], n_args: int, trusted: frozenset[int] = frozenset()) -> Callable[..., None]:
     """The launch as straight-line code: each argument the binary takes, a pointer as its
     ``data_ptr()``, then the fixed tail and the scratch pointers as one precomputed tuple."""
     fixed = tuple(tail[p - n_args] for p in params.positions if p >= n_args) + (None,) * params.scratch
-    parts = [(f"(a{p}.data_ptr() if a{p}.is_cuda else off_gpu({p}, a{p}))" if p in params.pointers else f"a{p}")
-             for p in params.positions if p < n_args]
+    parts = [(f"a{p}.data_ptr()" if p in trusted else f"(a{p}.data_ptr() if a{p}.is_cuda else off_gpu({p}, a{p}))")
+             if p in params.pointers else f"a{p}" for p in params.positions if p < n_args]
     names = "".join(f", a{i}" for i in range(n_args))
     values = "".join(f"{part}, " for part in parts) + "*fixed"
     source = (f"def launch(stream{names}):\n"

@@ -49,6 +49,12 @@ class WrapperWriter:
         self.allocated_here: set[str] = set()
         self.read_later: set[str] = set()  # buffers a kernel, an extern or the return reads
         self.fresh_extern_outputs: set[str] = set()  # extern results aliasing no input
+        # Buffers whose memory this wrapper allocated (storage offset 0, so 16-byte aligned on
+        # CUDA), under any of their names: a kernel's key need not read their dtype and address.
+        self.aligned_here: set[str] = set()
+        # Launcher constant -> argument positions fixed at every call (``Launcher.fixed_args``):
+        # aligned own buffers and literal integers.
+        self.fixed_args: dict[str, frozenset[int]] = {}
         # The CUDA devices of the graph's buffers: with one, its buffers take tf_empty_cuda.
         self.cuda_devices = {b.device.index for b in graph.buffers.values() if b.device.type == "cuda"}
         self.uses_cuda_allocator = False
@@ -160,6 +166,8 @@ class WrapperWriter:
         key = self._pool_key(buffer)
         if self.free_pool.get(key):
             old, _ = self.free_pool[key].pop()
+            if old in self.aligned_here:
+                self.aligned_here.add(buffer.name)
             if tuple(self.graph.buffers[old].shape) == tuple(buffer.shape):  # no view to make (~1 us a call)
                 self.emit(f"{buffer.name} = {old}; del {old}  # reuse dead buffer")
             else:
@@ -167,8 +175,10 @@ class WrapperWriter:
         elif buffer.device.type == "cuda" and len(self.cuda_devices) == 1:
             self.uses_cuda_allocator = True
             self.emit(f"{buffer.name} = tf_empty_cuda({_tuple(buffer.shape)}, {_tuple(buffer.strides)}, {dtype})")
+            self.aligned_here.add(buffer.name)
         else:
             self.emit(f"{buffer.name} = tf_empty_strided({_tuple(buffer.shape)}, {_tuple(buffer.strides)}, dtype={dtype}, device={device})")
+            self.aligned_here.add(buffer.name)
         self.live.add(buffer.name)
         self.allocated_here.add(buffer.name)
 
@@ -201,6 +211,8 @@ class WrapperWriter:
                     self.allocated_here.discard(reused)
                     self.live.add(member.node.name)
                     self.allocated_here.add(member.node.name)
+                    if reused in self.aligned_here:
+                        self.aligned_here.add(member.node.name)
                 else:
                     self._allocate(self.graph.buffers[member.node.name])
 
@@ -216,7 +228,10 @@ class WrapperWriter:
         compiled = self.kernels[name]
         self.emit(f"# {name}: one launch of {', '.join(p.name for p in parts)}")
         args = ", ".join([*compiled.pointer_args, *map(str, compiled.int_args)])
-        self.emit(f"{self._const(compiled, 'kernel')}({py(compiled.xnumel)}, 0, {args})")
+        fn = self._const(compiled, "kernel")
+        literals = range(len(compiled.pointer_args), len(compiled.pointer_args) + len(compiled.int_args))
+        self._fix_args(fn, compiled.pointer_args, literals)
+        self.emit(f"{fn}({py(compiled.xnumel)}, 0, {args})")
 
     def _emit_kernel(self, kernel: FusedKernel, step: int, last_use: dict[str, int]) -> None:
         compiled = self.kernels[kernel.name]
@@ -233,8 +248,16 @@ class WrapperWriter:
             sizes = [s.name for s in compiled.size_args]
             self.emit(f"{fn}({', '.join(pointers + sizes + ['tf_threads'])})")
         else:  # a runtime.launch.Launcher: (xnumel, rnumel, arguments)
+            self._fix_args(fn, compiled.pointer_args)
             rnumel = py(compiled.rnumel) if compiled.kind == "reduction" else "0"
             self.emit(f"{fn}({py(compiled.xnumel)}, {rnumel}, {', '.join(args)})")
+
+    def _fix_args(self, launcher: str, pointers: list[str], literals: range = range(0)) -> None:
+        """Record the launch arguments that are the same at every call of this graph: pointers
+        to our own allocations, literal integers. A launcher called from several lines keeps
+        only what is fixed at all of them."""
+        fixed = frozenset([i for i, name in enumerate(pointers) if name in self.aligned_here] + list(literals))
+        self.fixed_args[launcher] = self.fixed_args.get(launcher, fixed) & fixed
 
     def _take_over_base(self, node: ScatterAdd) -> None:
         """A scatter adds into its base's memory (zeros, or a copy of its input, written by an
@@ -245,6 +268,8 @@ class WrapperWriter:
             raise RuntimeError(f"{node.name} would accumulate into {base}, which the wrapper does not own "
                                "(a torchfuse bug: lowering gives every scatter a fresh base)")
         self.emit(f"{node.name} = {base}; del {base}  # {node.name} accumulates into {base}'s memory")
+        if base in self.aligned_here:
+            self.aligned_here.add(node.name)
         self.live.discard(base)
         self.allocated_here.discard(base)
         self.live.add(node.name)
@@ -390,11 +415,13 @@ def _same_addresses(tensor: torch.Tensor, strides: tuple) -> bool:
 def build_wrapper(graph: Graph, plan: Schedule, kernels: dict[str, TritonKernel | CppKernel],
                   launchers: dict[str, Any], ahead: dict[str, tuple[Any, list]] | None = None,
                   tuners: dict[str, Any] | None = None):
-    """Compile the wrapper source into a callable ``call(args)``; returns (call, source, constants)."""
+    """Compile the wrapper source into a callable ``call(args)``; returns (call, source, constants,
+    fixed_args): what ``bind_wrapper`` needs to bind the source again (a graph cache hit)."""
     writer = WrapperWriter(graph, plan, kernels)
     source = writer.write()
-    call = bind_wrapper(source, writer.constants, graph.constants, launchers, graph.name, ahead, tuners)
-    return call, source, writer.constants
+    call = bind_wrapper(source, writer.constants, graph.constants, launchers, graph.name, ahead, tuners,
+                        writer.fixed_args)
+    return call, source, writer.constants, writer.fixed_args
 
 
 def _empty_on(device: torch.device) -> Callable[..., torch.Tensor]:
@@ -432,7 +459,7 @@ def direct_binding(op: torch._ops.OpOverload) -> Callable[..., Any]:
 
 def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[str, torch.Tensor],
                  launchers: dict[str, Any], graph_name: str, ahead: dict[str, tuple[Any, list]] | None = None,
-                 tuners: dict[str, Any] | None = None):
+                 tuners: dict[str, Any] | None = None, fixed_args: dict[str, frozenset[int]] | None = None):
     """Execute a wrapper's source with the objects it names: ``constants`` from its writer
     (kernels become their launchers, given the binaries compiled ahead for their predicted launch
     in ``ahead``: kernel name -> (``predict.PredictedLaunch``, loaders, one per config), and
@@ -449,7 +476,7 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
         if isinstance(value, TritonKernel):
             kernel = value
             value = Launcher(launchers[kernel.name], kernel.kind, kernel.persistent, outer=kernel.outer, tile=kernel.tile,
-                             live_tiles=kernel.live_tiles)
+                             live_tiles=kernel.live_tiles, fixed_args=(fixed_args or {}).get(name, frozenset()))
             if ahead and kernel.name in ahead:
                 launch, loads = ahead[kernel.name]
                 for load in loads:
