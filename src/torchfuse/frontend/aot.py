@@ -17,7 +17,10 @@ from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import TracingContext
 
-from torchfuse.frontend import aot_cache, attention
+import copy
+import os
+
+from torchfuse.frontend import aot_cache, attention, linear_groups
 from torchfuse.frontend.decompositions import decomposition_table
 
 # (ATen graph, example inputs, kind: "forward" | "backward" | "inference") -> boxed callable
@@ -76,9 +79,19 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
         """``before_tracing`` runs when aot_autograd is about to trace (not on a warm-cache hit)."""
         if no_hooks is not None:
             aot_cache.stats.not_cached[no_hooks] += 1
-        if any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+        on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
+        if on_cuda:
             attention.keep_fused_attention(gm)
         try:
+            merged = _merged_linears(gm, on_cuda)
+            if merged is not None:
+                try:
+                    with aot_cache.serving(warm_cache, compilers, before_tracing, example_inputs):
+                        return compile_with_aot(merged, example_inputs)
+                except Exception as error:  # noqa: BLE001 - e.g. a view the split outputs refuse
+                    if _is_dynamo_control_flow(error):
+                        raise
+                    linear_groups.refused[f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]] += 1
             with aot_cache.serving(warm_cache, compilers, before_tracing, example_inputs):
                 return compile_with_aot(gm, example_inputs)
         except Exception as error:  # noqa: BLE001 - aot_autograd itself failed: run as captured
@@ -90,6 +103,19 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
             return run_captured(gm, f"{type(error).__name__}: {error}")
 
     return backend
+
+
+def _merged_linears(gm: torch.fx.GraphModule, on_cuda: bool) -> torch.fx.GraphModule | None:
+    """A copy of ``gm`` with its linear layers on a shared input merged (``linear_groups``), or
+    None when nothing merges or merging is off: ``TORCHFUSE_MERGE_LINEARS`` "0" turns it off,
+    "1" on for every graph, unset means on for CUDA graphs (it saves host time per matmul,
+    which CPU graphs do not lack)."""
+    setting = os.environ.get("TORCHFUSE_MERGE_LINEARS", "")
+    if setting == "0" or (setting != "1" and not on_cuda):
+        return None
+    copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # shares gm's attributes
+    copied.meta = dict(getattr(gm, "meta", {}))
+    return copied if linear_groups.merge_shared_input_linears(copied) else None
 
 
 def mutated_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:

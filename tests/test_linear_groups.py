@@ -1,0 +1,113 @@
+"""Linear layers on a shared input become one matmul (frontend/linear_groups.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICE, compile_strict
+from torchfuse.diagnostics.report import report
+from torchfuse.frontend import linear_groups
+
+
+@pytest.fixture(autouse=True)
+def merge_everywhere(monkeypatch):
+    monkeypatch.setenv("TORCHFUSE_MERGE_LINEARS", "1")  # on CPU graphs too, where it is off by default
+
+
+def _matmuls() -> int:
+    """ATen matmul calls in the graphs compiled so far by this test."""
+    return sum(line.count("aten.mm.default") + line.count("aten.addmm.default")
+               for g in report().graphs for line in g.wrapper_source.splitlines() if line.lstrip().startswith("# extern"))
+
+
+def _params(gen: torch.Generator, *shapes) -> list[torch.Tensor]:
+    return [(torch.randn(*s, generator=gen, dtype=torch.float64) / s[-1] ** 0.5).to(DEVICE).requires_grad_()
+            for s in shapes]
+
+
+def block(x, wq, bq, wk, bk, wv, bv, wg, wu, wo, other):
+    """Attention-style projections (with biases), a gated MLP (without), and a linear on another input."""
+    q, k, v = F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)
+    heads = lambda t: t.view(2, 5, 3, 4).transpose(1, 2)  # noqa: E731 - split the features into heads
+    attn = torch.softmax(heads(q) @ heads(k).transpose(-1, -2), -1) @ heads(v)
+    h = attn.transpose(1, 2).reshape(2, 5, 12) + x
+    mlp = F.silu(F.linear(h, wg)) * F.linear(h, wu)
+    return F.linear(mlp, wo) + F.linear(other, wo[:, :12]).sum()
+
+
+def test_projections_on_one_input_share_a_matmul_and_match_eager_forward_and_backward():
+    gen = torch.Generator().manual_seed(11)
+    x, other = [torch.randn(2, 5, 12, generator=gen, dtype=torch.float64).to(DEVICE).requires_grad_() for _ in range(2)]
+    params = _params(gen, (12, 12), (12,), (12, 12), (12,), (12, 12), (12,), (20, 12), (20, 12), (12, 20))
+    before, matmuls_before = sum(linear_groups.merged.values()), _matmuls()
+    out = compile_strict(block, dynamic=False)(x, *params, other)  # weights of symbolic sizes do not merge
+    want = block(x, *params, other)
+    torch.testing.assert_close(out, want)
+    grads = torch.autograd.grad(out.square().sum(), [x, other, *params])
+    want_grads = torch.autograd.grad(want.square().sum(), [x, other, *params])
+    for got, expected in zip(grads, want_grads):
+        torch.testing.assert_close(got, expected)
+    assert sum(linear_groups.merged.values()) - before == 2  # q/k/v and gate/up; `other`'s is alone
+    assert linear_groups.merged["3x12+12+12"] >= 1 and linear_groups.merged["2x20+20"] >= 1
+    # Forward and backward: 12 matmuls where the 7 linears alone made 21.
+    assert _matmuls() - matmuls_before <= 12
+
+
+def test_a_view_the_split_outputs_refuse_traces_the_graph_unmerged():
+    """``q.view(-1)`` needs a contiguous ``q``; as a slice of the merged output it is not, so
+    aot_autograd refuses the merged graph, and the original is traced instead."""
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(4, 6, generator=gen, dtype=torch.float64).to(DEVICE)
+    wq, wk = _params(gen, (6, 6), (6, 6))
+
+    def fn(x, wq, wk):
+        return F.linear(x, wq).view(-1) * 2 + F.linear(x, wk).view(-1)
+
+    before = sum(linear_groups.refused.values())
+    out = compile_strict(fn, dynamic=False)(x, wq, wk)
+    torch.testing.assert_close(out, fn(x, wq, wk))
+    assert sum(linear_groups.refused.values()) == before + 1
+
+
+def test_only_compatible_calls_merge():
+    """Different input features or dtypes, a bias on one member only, or a weight computed after
+    the group's first call keep their own matmuls."""
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(3, 8, generator=gen, dtype=torch.float64).to(DEVICE)
+    w1, w2, b2 = _params(gen, (5, 8), (5, 8), (5,))
+    w3 = w1.detach().float().requires_grad_()
+
+    def fn(x, w1, w2, b2, w3):
+        a = F.linear(x, w1)
+        w4 = w2 * 2  # computed after ``a``: cannot join a group placed at ``a``
+        return a, F.linear(x, w2, b2), F.linear(x.float(), w3), F.linear(x, w4)
+
+    before = sum(linear_groups.merged.values())
+    out = compile_strict(fn, dynamic=False)(x, w1, w2, b2, w3)
+    for got, want in zip(out, fn(x, w1, w2, b2, w3)):
+        torch.testing.assert_close(got, want)
+    assert sum(linear_groups.merged.values()) == before
+
+
+def test_a_modules_projections_merge_with_dynamic_batch_sizes():
+    """Module parameters keep static sizes under ``dynamic=True``: the group merges, and each
+    new batch size runs the same merged graph."""
+    gen = torch.Generator().manual_seed(14)
+    torch.manual_seed(14)
+    proj = torch.nn.ModuleList([torch.nn.Linear(16, 8) for _ in range(3)]).to(DEVICE, torch.float64)
+
+    def fn(x):
+        q, k, v = (p(x) for p in proj)
+        return (q * k).sum(-1, keepdim=True) * v
+
+    compiled = compile_strict(fn, dynamic=True)
+    before = sum(linear_groups.merged.values())
+    for batch in (3, 5, 9):
+        x = torch.randn(batch, 16, generator=gen, dtype=torch.float64).to(DEVICE).requires_grad_()
+        out = compiled(x)
+        torch.testing.assert_close(out, fn(x))
+        (got,) = torch.autograd.grad(out.sum(), x)
+        (want,) = torch.autograd.grad(fn(x).sum(), x)
+        torch.testing.assert_close(got, want)
+    assert sum(linear_groups.merged.values()) - before >= 1
