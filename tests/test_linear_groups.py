@@ -29,16 +29,18 @@ def _params(gen: torch.Generator, *shapes) -> list[torch.Tensor]:
 def block(x, wq, bq, wk, bk, wv, bv, wg, wu, wo, other):
     """Attention-style projections (with biases), a gated MLP (without), and a linear on another input."""
     q, k, v = F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)
-    heads = lambda t: t.view(2, 5, 3, 4).transpose(1, 2)  # noqa: E731 - split the features into heads
+    heads = lambda t: t.view(2, 80, 3, 4).transpose(1, 2)  # noqa: E731 - split the features into heads
     attn = torch.softmax(heads(q) @ heads(k).transpose(-1, -2), -1) @ heads(v)
-    h = attn.transpose(1, 2).reshape(2, 5, 12) + x
+    h = attn.transpose(1, 2).reshape(2, 80, 12) + x
     mlp = F.silu(F.linear(h, wg)) * F.linear(h, wu)
     return F.linear(mlp, wo) + F.linear(other, wo[:, :12]).sum()
 
 
 def test_projections_on_one_input_share_a_matmul_and_match_eager_forward_and_backward():
+    """160 rows: at least ROWS_PER_FEATURE per output feature of each group (36 and 40), so
+    the weights' copy is cheap and both groups merge."""
     gen = torch.Generator().manual_seed(11)
-    x, other = [torch.randn(2, 5, 12, generator=gen, dtype=torch.float64).to(DEVICE).requires_grad_() for _ in range(2)]
+    x, other = [torch.randn(2, 80, 12, generator=gen, dtype=torch.float64).to(DEVICE).requires_grad_() for _ in range(2)]
     params = _params(gen, (12, 12), (12,), (12, 12), (12,), (12, 12), (12,), (20, 12), (20, 12), (12, 20))
     before, matmuls_before = sum(linear_groups.merged.values()), _matmuls()
     out = compile_strict(block, dynamic=False)(x, *params, other)  # weights of symbolic sizes do not merge
@@ -58,7 +60,7 @@ def test_a_view_the_split_outputs_refuse_traces_the_graph_unmerged():
     """``q.view(-1)`` needs a contiguous ``q``; as a slice of the merged output it is not, so
     aot_autograd refuses the merged graph, and the original is traced instead."""
     gen = torch.Generator().manual_seed(12)
-    x = torch.randn(4, 6, generator=gen, dtype=torch.float64).to(DEVICE)
+    x = torch.randn(48, 6, generator=gen, dtype=torch.float64).to(DEVICE)
     wq, wk = _params(gen, (6, 6), (6, 6))
 
     def fn(x, wq, wk):
@@ -74,7 +76,7 @@ def test_only_compatible_calls_merge():
     """Different input features or dtypes, a bias on one member only, or a weight computed after
     the group's first call keep their own matmuls."""
     gen = torch.Generator().manual_seed(13)
-    x = torch.randn(3, 8, generator=gen, dtype=torch.float64).to(DEVICE)
+    x = torch.randn(64, 8, generator=gen, dtype=torch.float64).to(DEVICE)
     w1, w2, b2 = _params(gen, (5, 8), (5, 8), (5,))
     w3 = w1.detach().float().requires_grad_()
 
@@ -91,11 +93,12 @@ def test_only_compatible_calls_merge():
 
 
 def test_a_modules_projections_merge_with_dynamic_batch_sizes():
-    """Module parameters keep static sizes under ``dynamic=True``: the group merges, and each
-    new batch size runs the same merged graph."""
+    """Module parameters keep static sizes under ``dynamic=True``; with a symbolic batch the
+    rows are unknown, so the group merges where autocast casts its weights anyway (a training
+    step under AMP), and each new batch size runs the same merged graph."""
     gen = torch.Generator().manual_seed(14)
     torch.manual_seed(14)
-    proj = torch.nn.ModuleList([torch.nn.Linear(16, 8) for _ in range(3)]).to(DEVICE, torch.float64)
+    proj = torch.nn.ModuleList([torch.nn.Linear(16, 8) for _ in range(3)]).to(DEVICE)
 
     def fn(x):
         q, k, v = (p(x) for p in proj)
@@ -104,10 +107,32 @@ def test_a_modules_projections_merge_with_dynamic_batch_sizes():
     compiled = compile_strict(fn, dynamic=True)
     before = sum(linear_groups.merged.values())
     for batch in (3, 5, 9):
-        x = torch.randn(batch, 16, generator=gen, dtype=torch.float64).to(DEVICE).requires_grad_()
-        out = compiled(x)
-        torch.testing.assert_close(out, fn(x))
-        (got,) = torch.autograd.grad(out.sum(), x)
-        (want,) = torch.autograd.grad(fn(x).sum(), x)
-        torch.testing.assert_close(got, want)
+        x = torch.randn(batch, 16, generator=gen).to(DEVICE).requires_grad_()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            out, want = compiled(x), fn(x)
+        torch.testing.assert_close(out.float(), want.float(), rtol=3e-2, atol=3e-2)
+        (got,) = torch.autograd.grad(out.float().sum(), x)
+        (expected,) = torch.autograd.grad(want.float().sum(), x)
+        torch.testing.assert_close(got, expected, rtol=3e-2, atol=3e-2)
     assert sum(linear_groups.merged.values()) - before >= 1
+
+
+def test_weights_are_concatenated_only_where_it_is_cheap():
+    """Without a cast, merging copies the group's weights every call: a 16-row input (under 4
+    rows per output feature) keeps its matmuls. Under autocast each weight is cast anyway, the
+    concatenation goes with the cast, and the same call merges."""
+    gen = torch.Generator().manual_seed(15)
+    x = torch.randn(16, 32, generator=gen).to(DEVICE)
+    w1, w2 = [(torch.randn(32, 32, generator=gen) / 6).to(DEVICE) for _ in range(2)]
+
+    def fn(x, w1, w2):
+        return F.linear(x, w1) * F.linear(x, w2)
+
+    before = sum(linear_groups.merged.values())
+    torch.testing.assert_close(compile_strict(fn, dynamic=False)(x, w1, w2), fn(x, w1, w2))
+    assert sum(linear_groups.merged.values()) == before
+    torch._dynamo.reset()
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        got, want = compile_strict(fn, dynamic=False)(x, w1, w2), fn(x, w1, w2)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert sum(linear_groups.merged.values()) == before + 1

@@ -11,9 +11,11 @@ instead of n, and aot_autograd's backward one for the input's gradient and one f
 
 Each output element is the same dot product as before; cuBLAS may pick another algorithm for
 the wider matmul, so results agree to rounding, as with any change of kernel. The weights'
-concatenation costs a copy of the group's weights a step (under autocast it fuses with the cast
-to the compute dtype that happens anyway), and the split outputs are strided views, which
-``view`` and ``reshape`` of their leading or last dimensions accept.
+concatenation costs a copy of the group's weights a call: under autocast it fuses with the cast
+to the compute dtype that happens anyway; otherwise a group merges only when its input has many
+rows per output feature (``ROWS_PER_FEATURE``), so small-batch inference keeps its matmuls. The
+split outputs are strided views, which ``view`` and ``reshape`` of their leading or last
+dimensions accept.
 
 Runs on Dynamo's graph, before aot_autograd traces it (``aot.py``), so autograd differentiates
 the concatenation and split like any other op. If aot_autograd cannot trace the merged graph
@@ -113,10 +115,30 @@ def _compatible_groups(calls: list[LinearCall], order: dict, markers: list[int])
         if len(members) < 2:
             continue
         span = (min(order[c.node] for c in members), max(order[c.node] for c in members))
-        if any(span[0] < m < span[1] for m in markers):
+        if any(span[0] < m < span[1] for m in markers) or not _concatenation_is_cheap(members):
             continue
         groups.append(sorted(members, key=lambda c: order[c.node]))
     return groups
+
+
+# Rows of the input per output feature of the group above which copying the weights each call
+# costs little beside the matmul: the copy moves ~2 K N elements, the matmul computes 2 M K N
+# products, so at M = 4 N the copy of bfloat16 weights is ~7% of an H100 matmul of BERT's size.
+ROWS_PER_FEATURE = 4
+
+
+def _concatenation_is_cheap(members: list[LinearCall]) -> bool:
+    """Concatenating the weights is free when each call casts its weight anyway (autocast: the
+    concatenation fuses into the cast), else cheap when the input has many rows per output
+    feature; a small-batch inference with weights in the compute dtype would pay a weight copy
+    per call about as large as the matmul's own traffic."""
+    if all(_example(c.node) is not None and _example(c.node).dtype != _example(c.weight).dtype for c in members):
+        return True
+    x = _example(members[0].node.args[0])
+    features = _example(members[0].weight).shape[1]
+    if x is None or not isinstance(x.numel(), int) or features == 0:
+        return False
+    return x.numel() // features >= ROWS_PER_FEATURE * sum(c.out_features for c in members)
 
 
 def _merge(graph: torch.fx.Graph, group: list[LinearCall]) -> None:
