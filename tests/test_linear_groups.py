@@ -52,6 +52,7 @@ def test_projections_on_one_input_share_a_matmul_and_match_eager_forward_and_bac
         torch.testing.assert_close(got, expected)
     assert sum(linear_groups.merged.values()) - before == 2  # q/k/v and gate/up; `other`'s is alone
     assert linear_groups.merged["3x12+12+12"] >= 1 and linear_groups.merged["2x20+20"] >= 1
+    assert "3x12+12+12" in str(report())  # the report says what was merged
     # Forward and backward: 12 matmuls where the 7 linears alone made 21.
     assert _matmuls() - matmuls_before <= 12
 
@@ -66,10 +67,12 @@ def test_a_view_the_split_outputs_refuse_traces_the_graph_unmerged():
     def fn(x, wq, wk):
         return F.linear(x, wq).view(-1) * 2 + F.linear(x, wk).view(-1)
 
-    before = sum(linear_groups.refused.values())
+    before, merged_before = sum(linear_groups.refused.values()), sum(linear_groups.merged.values())
     out = compile_strict(fn, dynamic=False)(x, wq, wk)
     torch.testing.assert_close(out, fn(x, wq, wk))
     assert sum(linear_groups.refused.values()) == before + 1
+    assert sum(linear_groups.merged.values()) == merged_before  # only traced merges count
+    assert "traced unmerged: " in str(report()) and "Cannot view" in str(report()), str(report())
 
 
 def test_only_compatible_calls_merge():

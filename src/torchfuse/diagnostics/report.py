@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torchfuse.diagnostics.compile_times import CompileTimes, snapshot
 from torchfuse.diagnostics.html import render_report
 from torchfuse.diagnostics.model import GraphReport, KernelReport
-from torchfuse.frontend import aot_cache
+from torchfuse.frontend import aot_cache, linear_groups
 from torchfuse.frontend.dynamo_events import current_compile_id
 from torchfuse.runtime import aot_store, launch
 
@@ -24,8 +24,8 @@ class Report:
         if not self.graphs:
             return "torchfuse: nothing compiled yet"
         launches = launch.stats.summary()
-        return "\n".join([*(str(g) for g in self.graphs), str(self.compile_times), *filter(None, [launches]),
-                          self.warm_cache])
+        return "\n".join([*(str(g) for g in self.graphs), str(self.compile_times),
+                          *filter(None, [launches, linear_groups.summary()]), self.warm_cache])
 
     @property
     def warm_cache(self) -> str:

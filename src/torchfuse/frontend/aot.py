@@ -83,11 +83,13 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
         if on_cuda:
             attention.keep_fused_attention(gm)
         try:
-            merged = _merged_linears(gm, on_cuda)
+            merged, groups = _merged_linears(gm, on_cuda)
             if merged is not None:
                 try:
                     with aot_cache.serving(warm_cache, compilers, before_tracing, example_inputs):
-                        return compile_with_aot(merged, example_inputs)
+                        compiled = compile_with_aot(merged, example_inputs)
+                    linear_groups.merged.update(groups)
+                    return compiled
                 except Exception as error:  # noqa: BLE001 - e.g. a view the split outputs refuse
                     if _is_dynamo_control_flow(error):
                         raise
@@ -105,17 +107,18 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
     return backend
 
 
-def _merged_linears(gm: torch.fx.GraphModule, on_cuda: bool) -> torch.fx.GraphModule | None:
-    """A copy of ``gm`` with its linear layers on a shared input merged (``linear_groups``), or
-    None when nothing merges or merging is off: ``TORCHFUSE_MERGE_LINEARS`` "0" turns it off,
-    "1" on for every graph, unset means on for CUDA graphs (it saves host time per matmul,
-    which CPU graphs do not lack)."""
+def _merged_linears(gm: torch.fx.GraphModule, on_cuda: bool) -> tuple[torch.fx.GraphModule | None, list[str]]:
+    """A copy of ``gm`` with its linear layers on a shared input merged (``linear_groups``) and
+    its groups, or (None, []) when nothing merges or merging is off: ``TORCHFUSE_MERGE_LINEARS``
+    "0" turns it off, "1" on for every graph, unset means on for CUDA graphs (it saves host
+    time per matmul, which CPU graphs do not lack)."""
     setting = os.environ.get("TORCHFUSE_MERGE_LINEARS", "")
     if setting == "0" or (setting != "1" and not on_cuda):
-        return None
+        return None, []
     copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # shares gm's attributes
     copied.meta = dict(getattr(gm, "meta", {}))
-    return copied if linear_groups.merge_shared_input_linears(copied) else None
+    groups = linear_groups.merge_shared_input_linears(copied)
+    return (copied, groups) if groups else (None, [])
 
 
 def mutated_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:

@@ -36,10 +36,23 @@ LINEAR_CALLS = (torch._C._nn.linear, F.linear)
 # span one, since its members would then compute in different dtypes.
 AUTOCAST_MARKERS = tuple(getattr(torch.amp.autocast_mode, name) for name in ("_enter_autocast", "_exit_autocast")
                          if hasattr(torch.amp.autocast_mode, name))
-# Groups merged, by their output sizes ("3x768"): for the report, tests and diagnosis.
+# Groups merged in graphs aot_autograd traced, by their output sizes ("2x768+768"): for the
+# report, tests and diagnosis.
 merged: Counter = Counter()
 # Graphs whose merged form aot_autograd could not trace (traced unmerged instead), by error.
 refused: Counter = Counter()
+
+
+def summary() -> str:
+    """One line for ``report()``: the groups merged in this process, and why graphs were traced
+    unmerged; empty when nothing was tried."""
+    if not merged and not refused:
+        return ""
+    groups = ", ".join(f"{sizes} x{count}" for sizes, count in merged.most_common())
+    line = f"linear layers on a shared input, one matmul each group: {sum(merged.values())} groups ({groups})"
+    if refused:
+        line += "; traced unmerged: " + "; ".join(f"{why} x{count}" for why, count in refused.most_common())
+    return line
 
 
 @dataclass(frozen=True)
@@ -50,8 +63,9 @@ class LinearCall:
     out_features: int
 
 
-def merge_shared_input_linears(gm: torch.fx.GraphModule) -> int:
-    """Merge each group of ``F.linear`` calls on the same input in ``gm``; returns how many groups."""
+def merge_shared_input_linears(gm: torch.fx.GraphModule) -> list[str]:
+    """Merge each group of ``F.linear`` calls on the same input in ``gm``; returns each group's
+    output sizes ("3x768+768+768"), for ``merged`` once the graph is traced."""
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     markers = [order[n] for n in gm.graph.nodes if n.op == "call_function" and n.target in AUTOCAST_MARKERS]
     by_input: dict[torch.fx.Node, list[LinearCall]] = defaultdict(list)
@@ -59,12 +73,11 @@ def merge_shared_input_linears(gm: torch.fx.GraphModule) -> int:
         call = _linear_call(node)
         if call is not None:
             by_input[node.args[0]].append(call)
-    groups = 0
+    groups = []
     for calls in by_input.values():
         for group in _compatible_groups(calls, order, markers):
             _merge(gm.graph, group)
-            merged[f"{len(group)}x{'+'.join(str(c.out_features) for c in group)}"] += 1
-            groups += 1
+            groups.append(f"{len(group)}x{'+'.join(str(c.out_features) for c in group)}")
     if groups:
         gm.graph.lint()
         gm.recompile()
