@@ -210,3 +210,33 @@ def test_the_written_out_specialization_equals_the_generic_one():
     assert fn(*swapped) == specialization(swapped)
     with pytest.raises((AttributeError, TypeError)):
         fn(1, *args[1:])  # an int where a tensor was
+
+
+@pytest.mark.gpu
+def test_gpu_launchers_trust_the_wrappers_own_buffers(monkeypatch):
+    """On a GPU the launchers of a compiled graph key their own buffers by constants and skip
+    their device check (``fixed_args``), and the results still match eager; a misaligned input
+    (never fixed) still gets its own binary."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torchfuse.runtime import wrapper
+
+    namespaces: list[dict] = []
+    original = wrapper.bind_wrapper
+
+    def bind(*args, **kwargs):
+        call = original(*args, **kwargs)
+        namespaces.append(call.__globals__)
+        return call
+
+    monkeypatch.setattr(wrapper, "bind_wrapper", bind)
+    fn = lambda x, y: torch.softmax(torch.sigmoid(x) * y, -1).sum(0)  # noqa: E731 - two kernels at least
+    compiled = compile_strict(fn)
+    x, y = torch.randn(300, 500, device="cuda"), torch.randn(500, device="cuda")
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+    launchers = [v for ns in namespaces for v in ns.values() if isinstance(v, Launcher)]
+    assert any(launcher._trusted for launcher in launchers), [(l.fixed_args, l._trusted) for l in launchers]
+    big = torch.randn(300 * 500 + 1, device="cuda")
+    shifted = big[1:].view(300, 500)
+    torch.testing.assert_close(compiled(shifted, y), fn(shifted, y))
