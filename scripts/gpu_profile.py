@@ -14,7 +14,9 @@ then torchfuse's top kernels, and its generated kernels' bandwidth against a cop
 profile.json). Prints a table and writes profile.json. torchfuse's launch counters say how
 many launches went straight to a compiled binary. With --host-profile N, N more steps of each backend run under cProfile
 (host_<case>_<backend>.txt: the functions by own time and by cumulative time), to see where
-the host time of a host-bound step goes. With --op-profile N, N more steps run under
+the host time of a host-bound step goes. With --graph-times N, N more steps of each compiler run with
+each compiled graph's own code timed: host ms a step inside the graphs and outside them
+(Dynamo's guards, aot_autograd's runtime wrappers and autograd). With --op-profile N, N more steps run under
 torch.profiler, CPU side only (ops_<case>_<backend>.txt: ATen ops by their own host time and by
 their total, with call counts), to see what an ATen call does on the host (the copies, adds and
 allocations inside a convolution, say).
@@ -28,6 +30,7 @@ import json
 import pstats
 import os
 import sys
+import time
 import traceback
 import warnings
 from dataclasses import asdict
@@ -92,6 +95,61 @@ def host_profile(step, steps: int, path: Path) -> None:
     path.write_text(text.getvalue())
 
 
+# Host seconds spent inside compiled graphs' own code (torchfuse's wrappers, Inductor's
+# CompiledFxGraph calls), by compiler, while ``--graph-times`` hooks are installed.
+graph_seconds: dict[str, float] = {"torchfuse": 0.0, "inductor": 0.0}
+
+
+def install_graph_timers() -> None:
+    """Time every call of a compiled graph's own code, per compiler: what is left of a step's
+    host time is Dynamo's guards, aot_autograd's runtime wrappers and autograd, the same
+    machinery for both compilers. Script-side only (it patches Inductor's class)."""
+    from torchfuse.runtime import wrapper
+
+    bind = wrapper.bind_wrapper
+
+    def timed_bind(*args, **kwargs):
+        call = bind(*args, **kwargs)
+
+        def timed(inputs):
+            start = time.perf_counter()
+            try:
+                return call(inputs)
+            finally:
+                graph_seconds["torchfuse"] += time.perf_counter() - start
+        return timed
+
+    wrapper.bind_wrapper = timed_bind
+    try:
+        from torch._inductor.output_code import CompiledFxGraph
+    except ImportError:
+        return
+    inductor_call = CompiledFxGraph.__call__
+
+    def timed_call(self, inputs):
+        start = time.perf_counter()
+        try:
+            return inductor_call(self, inputs)
+        finally:
+            graph_seconds["inductor"] += time.perf_counter() - start
+
+    CompiledFxGraph.__call__ = timed_call
+
+
+def graph_times(step, backend: str, steps: int) -> tuple[float, float]:
+    """(host ms a step, of which inside the compiled graphs' own code) over ``steps`` steps."""
+    compiler = "inductor" if backend.startswith("inductor") else "torchfuse"
+    graph_seconds[compiler] = 0.0
+    total = 0.0
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        total += time.perf_counter() - start
+    torch.cuda.synchronize()
+    return 1e3 * total / steps, 1e3 * graph_seconds[compiler] / steps
+
+
 def op_profile(step, steps: int, path: Path) -> None:
     """``steps`` calls of ``step`` under torch.profiler (CPU activity only: no CUPTI), written to
     ``path``: the ops by self host time, then by total host time."""
@@ -144,8 +202,13 @@ def main() -> int:
                         help="write the sources of torchfuse's N slowest generated kernels a case "
                              "and every one of 64 MB or more below 70%% of copy bandwidth "
                              "(sources_<case>/<kernel>.py, headed by the buffers each reads and writes)")
+    parser.add_argument("--graph-times", type=int, default=0, metavar="STEPS",
+                        help="also time STEPS steps per backend with each compiled graph's own code timed "
+                             "(host ms a step, and how much of it runs inside the graphs)")
     parser.add_argument("--out", default="out/profile")
     args = parser.parse_args()
+    if args.graph_times:
+        install_graph_timers()
     warnings.filterwarnings("ignore")
     use_fresh_caches()
     device = torch.device("cuda")
@@ -156,7 +219,7 @@ def main() -> int:
         return 2
     warm_up_compilers(backends, device)
     copy_gbs = copy_bandwidth_gbs(device)
-    rows, tops, failures, peaks = [], {}, {}, {}
+    rows, tops, failures, peaks, graph_rows = [], {}, {}, {}, []
     for case in select("models", device, set(filter(None, args.cases.split(","))) or None):
         if case.missing():
             continue
@@ -201,6 +264,11 @@ def main() -> int:
         # Each case's figures as soon as it is done: a call cut short by its time limit keeps them.
         print(format_profiles([row for row in rows if row[0] == case.name]), flush=True)
         for backend, step in steps.items():
+            if args.graph_times and backend != "eager":
+                host_ms, inside_ms = graph_times(step, backend, args.graph_times)
+                graph_rows.append((case.name, backend, host_ms, inside_ms))
+                print(f"{case.name:<22} {backend:<10} host {host_ms:8.3f} ms a step, in compiled graphs "
+                      f"{inside_ms:8.3f}, outside {host_ms - inside_ms:8.3f}", flush=True)
             if args.host_profile:
                 host_profile(step, args.host_profile, Path(args.out) / f"host_{case.name}_{backend}.txt")
             if args.op_profile:
@@ -213,7 +281,8 @@ def main() -> int:
     (out / "profile.json").write_text(json.dumps({
         "rows": [{"case": c, "backend": b, **asdict(p), "host_us_per_launch": p.host_us_per_launch}
                  for c, b, p in rows], "torchfuse_top": tops, "failures": failures, "copy_gbs": copy_gbs,
-        "peak_mb": peaks}, indent=1))
+        "peak_mb": peaks, "graph_times": [{"case": c, "backend": b, "host_ms": h, "in_graphs_ms": i}
+                                          for c, b, h, i in graph_rows]}, indent=1))
     for case, info in tops.items():
         print(f"\n{case}: torchfuse launches (all torchfuse backends of the case) direct {info['direct']}, "
               f"through Triton {info['through_triton']}")
