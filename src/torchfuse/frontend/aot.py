@@ -17,7 +17,6 @@ from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import TracingContext
 
-import copy
 import os
 
 from torchfuse.frontend import aot_cache, attention, linear_groups
@@ -83,17 +82,18 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
         if on_cuda:
             attention.keep_fused_attention(gm)
         try:
-            merged, groups = _merged_linears(gm, on_cuda)
+            merged = _merge_linears(gm, on_cuda)
             if merged is not None:
                 try:
                     with aot_cache.serving(warm_cache, compilers, before_tracing, example_inputs):
-                        compiled = compile_with_aot(merged, example_inputs)
-                    linear_groups.merged.update(groups)
+                        compiled = compile_with_aot(gm, example_inputs)
+                    linear_groups.merged.update(merged.labels)
                     return compiled
                 except Exception as error:  # noqa: BLE001 - e.g. a view the split outputs refuse
                     if _is_dynamo_control_flow(error):
                         raise
                     linear_groups.refused[f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]] += 1
+                    merged.restore()
             with aot_cache.serving(warm_cache, compilers, before_tracing, example_inputs):
                 return compile_with_aot(gm, example_inputs)
         except Exception as error:  # noqa: BLE001 - aot_autograd itself failed: run as captured
@@ -107,18 +107,15 @@ def aot_backend(compile_graph: GraphCompiler, run_captured: CapturedRunner, stri
     return backend
 
 
-def _merged_linears(gm: torch.fx.GraphModule, on_cuda: bool) -> tuple[torch.fx.GraphModule | None, list[str]]:
-    """A copy of ``gm`` with its linear layers on a shared input merged (``linear_groups``) and
-    its groups, or (None, []) when nothing merges or merging is off: ``TORCHFUSE_MERGE_LINEARS``
-    "0" turns it off, "1" on for every graph, unset means on for CUDA graphs (it saves host
-    time per matmul, which CPU graphs do not lack)."""
+def _merge_linears(gm: torch.fx.GraphModule, on_cuda: bool) -> linear_groups.Merged | None:
+    """Merge ``gm``'s linear layers on a shared input in place (``linear_groups``); None when
+    nothing merges or merging is off: ``TORCHFUSE_MERGE_LINEARS`` "0" turns it off, "1" on for
+    every graph, unset means on for CUDA graphs (it saves host time per matmul, which CPU
+    graphs do not lack)."""
     setting = os.environ.get("TORCHFUSE_MERGE_LINEARS", "")
     if setting == "0" or (setting != "1" and not on_cuda):
-        return None, []
-    copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # shares gm's attributes
-    copied.meta = dict(getattr(gm, "meta", {}))
-    groups = linear_groups.merge_shared_input_linears(copied)
-    return (copied, groups) if groups else (None, [])
+        return None
+    return linear_groups.merge_shared_input_linears(gm)
 
 
 def mutated_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:
