@@ -175,6 +175,37 @@ def test_fixed_arguments_enter_the_key_as_constants_unless_they_break_the_promis
     assert trusted == frozenset()  # a CPU tensor is never trusted by a GPU launcher
 
 
+def test_the_written_out_launch_goes_straight_to_the_binary_and_defers_the_rest():
+    """``Launcher.launch`` (what the wrapper calls) becomes ``fast_launch_function``'s code at the
+    first direct call: later calls with the same specialization reach the binary without
+    ``Launcher.__call__``; a new specialization, an argument of another class and an empty
+    launch still get what ``__call__`` does."""
+    fn = FakeJit()
+    launcher = Launcher(fn, "pointwise", direct=True, current_device=lambda: 0, current_stream=lambda device: 9)
+    assert launcher.launch == launcher
+    x = torch.zeros(64)
+    launcher.launch(32, 0, x[:32], 3)
+    assert launcher.launch != launcher and len(fn.launches) == 1
+    calls = launch.Launcher.__call__
+    seen = []
+    launch.Launcher.__call__ = lambda self, *a: (seen.append(a), calls(self, *a))[1]
+    try:
+        before = launch.stats.direct
+        launcher.launch(32, 0, x[:32], 5)  # same specialization: the binary, not __call__
+        # (the first call went through Triton, which launched without the binary's ``run``)
+        assert seen == [] and launch.stats.direct == before + 1 and len(fn.compiled[0].calls) == 1
+        launcher.launch(32, 0, x[1:33], 5)  # misaligned: a new specialization, through __call__
+        assert len(seen) == 1 and len(fn.launches) == 2
+        launcher.launch(32, 0, x[1:33], 7)  # its binary is found by the written-out path now
+        assert len(seen) == 1 and len(fn.compiled[1].calls) == 1
+        launcher.launch(32, 0, 1.5, 7)  # a float where a tensor was: __call__ writes it again
+        assert len(seen) == 2 and len(fn.launches) == 3
+        launcher.launch(0, 0, x[:0], 7)  # empty: nothing launched
+        assert len(seen) == 3 and len(fn.launches) == 3
+    finally:
+        launch.Launcher.__call__ = calls
+
+
 @pytest.mark.gpu
 def test_gpu_launches_go_straight_to_the_binary_and_match_eager():
     if not torch.cuda.is_available():

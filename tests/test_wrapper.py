@@ -153,7 +153,9 @@ def test_launches_fix_the_wrappers_own_buffers_and_literals_only(monkeypatch):
     source, fixed_args = captured[-1]
     own = set(re.findall(r"(\w+) = tf_empty", source)) | set(re.findall(r"(\w+) = (\w+)(?:\.view\(.*\))?; del \2", source))
     assert any(fixed_args.values()), (source, fixed_args)
-    for call in re.finditer(r"(tf_kernel\d+)\([^,]+, [^,]+, (.*)\)$", source, re.M):
+    calls = list(re.finditer(r"(tf_kernel\d+)\.launch\([^,]+, [^,]+, (.*)\)$", source, re.M))
+    assert len(calls) == len(fixed_args), source
+    for call in calls:
         args = [a.strip() for a in call.group(2).split(",")]
         for position in fixed_args.get(call.group(1), ()):
             assert args[position] in own or args[position].isdigit(), (call.group(0), position)

@@ -231,7 +231,7 @@ class WrapperWriter:
         fn = self._const(compiled, "kernel")
         literals = range(len(compiled.pointer_args), len(compiled.pointer_args) + len(compiled.int_args))
         self._fix_args(fn, compiled.pointer_args, literals)
-        self.emit(f"{fn}({py(compiled.xnumel)}, 0, {args})")
+        self.emit(f"{fn}.launch({py(compiled.xnumel)}, 0, {args})")
 
     def _emit_kernel(self, kernel: FusedKernel, step: int, last_use: dict[str, int]) -> None:
         compiled = self.kernels[kernel.name]
@@ -250,7 +250,7 @@ class WrapperWriter:
         else:  # a runtime.launch.Launcher: (xnumel, rnumel, arguments)
             self._fix_args(fn, compiled.pointer_args)
             rnumel = py(compiled.rnumel) if compiled.kind == "reduction" else "0"
-            self.emit(f"{fn}({py(compiled.xnumel)}, {rnumel}, {', '.join(args)})")
+            self.emit(f"{fn}.launch({py(compiled.xnumel)}, {rnumel}, {', '.join(args)})")
 
     def _fix_args(self, launcher: str, pointers: list[str], literals: range = range(0)) -> None:
         """Record the launch arguments that are the same at every call of this graph: pointers
