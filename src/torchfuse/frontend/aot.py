@@ -6,6 +6,7 @@ frontend knows nothing of the stages above it.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Callable
 
@@ -16,8 +17,6 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import TracingContext
-
-import os
 
 from torchfuse.frontend import aot_cache, attention, linear_groups
 from torchfuse.frontend.decompositions import decomposition_table
