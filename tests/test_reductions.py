@@ -289,6 +289,28 @@ def test_a_residual_stream_is_stored_once_per_add_not_recomputed_by_every_norm()
     assert max(full_reads) <= 2, (full_reads, torchfuse.report())
 
 
+def test_a_product_its_readers_half_load_anyway_is_recomputed_not_stored():
+    """A softmax backward: ``p * dp`` feeds the row sum, ``ds = p * dp - p * sum`` (cast for a
+    matmul) and a batch sum of ``ds`` (T5's position-bias gradient). Every reader loads ``p``
+    anyway, so recomputing the product costs each only ``dp`` (2 bytes an element), where
+    storing it costs a float32 write and a float32 read per reader. The count rule alone
+    (3 readers x 2 inputs >= 2 + 1 + 3) stored it."""
+    p = floats((4, 3, 40, 40), torch.float32, specials=[]).softmax(-1)
+    dp = floats((4, 3, 40, 40), torch.bfloat16, specials=[], seed=1)
+    keep = torch.rand(1, 1, 40, 1) > 0.3
+
+    def fn(p, dp, keep):
+        product = p * dp.float()
+        ds = product - p * product.sum(-1, keepdim=True)
+        return ds.to(torch.bfloat16), torch.where(keep, ds, 0.0).sum(0)
+
+    check_outputs(fn, p, dp, keep, compiled=compile_strict(fn), scale_tol=True)
+    full_f32 = p.numel() * 4
+    kernels = [k for g in torchfuse.report().graphs for k in g.kernels if k.kind != "extern"]
+    written = [(k.name, access.name) for k in kernels for access in k.writes if access.bytes == full_f32]
+    assert written == [], (written, torchfuse.report())
+
+
 # -- dynamic shapes ---------------------------------------------------------------------------------
 def test_dynamic_reduction_sizes():
     def build(x):

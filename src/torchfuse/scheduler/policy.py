@@ -58,6 +58,26 @@ def should_store_shared(large_reads: int, reader_count: int) -> FusionDecision:
     return FusionDecision.no("cheap to recompute in its readers")
 
 
+def should_store_shared_bytes(extra_bytes: list[int], stored_bytes: int) -> FusionDecision:
+    """Confirm a ``should_store_shared`` verdict, in bytes an element and with what each reader
+    reads anyway.
+
+    ``extra_bytes[r]``: the bytes of the chain's full-size inputs that reader r would load only
+    to recompute it (a softmax backward's ``p * dp`` costs a reader that already loads ``p``
+    only ``dp``). Stored, one reader loads its inputs anyway, it is written once, and each
+    reader loads it back: ``min(extra) + stored_bytes * (1 + R)``, the count rule's
+    ``L + 1 + R`` when no reader shares an input. Recomputed: ``sum(extra)``. Ties store.
+    """
+    reader_count = len(extra_bytes)
+    inline_cost = sum(extra_bytes)
+    store_cost = min(extra_bytes, default=0) + stored_bytes * (1 + reader_count)
+    if inline_cost >= store_cost:
+        return FusionDecision.yes(f"{reader_count} readers would re-read {inline_cost} bytes an element "
+                                  f"against {store_cost} stored")
+    return FusionDecision.no(f"its readers load most of its inputs anyway: recomputing costs {inline_cost} "
+                             f"bytes an element against {store_cost} stored")
+
+
 def should_store_recomputed(inlined_ops: int, reader_count: int) -> FusionDecision:
     """Store a buffer whose readers would each recompute a large inlined body.
 

@@ -157,6 +157,10 @@ class _SchedulerState:
             large = [b for b in reads if not self._smaller_than(b, node)]
             reader_count = len(effective_readers.get(node.name, ()))
             decision = policy.should_store_shared(len(large), reader_count)
+            if decision:
+                extra = [self._bytes_not_read_by(reader, node.name, large)
+                         for reader in effective_readers.get(node.name, ())]
+                decision = policy.should_store_shared_bytes(extra, node.dtype.itemsize)
             if not decision and reader_count > 1 and len(set(direct.get(node.name, ()))) > 1:
                 inliner = inliners.setdefault(node.device, self._new_inliner(node.device))
                 ops = count_ops(inliner.inline(node.body).body)
@@ -165,6 +169,35 @@ class _SchedulerState:
                 self.realized.add(node.name)
             else:
                 inlined_reads[node.name] = frozenset(reads)
+
+    def _bytes_not_read_by(self, reader: str, skipped: str, buffers: list[str]) -> int:
+        """Bytes an element of ``buffers`` that ``reader`` does not load already, through the
+        producers not stored so far, other than ``skipped`` (the chain being judged)."""
+        anyway = self._loaded_through_inlined(reader, skipped)
+        return sum(self._itemsize(b) for b in buffers if b not in anyway)
+
+    def _loaded_through_inlined(self, reader: str, skipped: str) -> set[str]:
+        node = self.nodes.get(reader)
+        if node is None:
+            return set()
+        found: set[str] = set()
+        pending = list(read_buffers(node.body))
+        seen = {skipped}
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            producer = self.inlinable(name)
+            if producer is None:
+                found.add(name)
+            else:
+                pending.extend(read_buffers(producer.body))
+        return found
+
+    def _itemsize(self, buffer: str) -> int:
+        known = self.nodes.get(buffer) or self.graph.buffers.get(buffer)
+        return known.dtype.itemsize if known is not None else 4
 
     def _smaller_than(self, buffer: str, node: Pointwise) -> bool:
         """Whether ``buffer`` provably has fewer elements than ``node`` (a broadcast weight, a
