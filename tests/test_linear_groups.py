@@ -37,8 +37,8 @@ def block(x, wq, bq, wk, bk, wv, bv, wg, wu, wo, other):
 
 
 def test_projections_on_one_input_share_a_matmul_and_match_eager_forward_and_backward():
-    """160 rows: at least ROWS_PER_FEATURE per output feature of each group (36 and 40), so
-    the weights' copy is cheap and both groups merge."""
+    """Small weights, and 160 rows (at least ROWS_PER_FEATURE per output feature of each group,
+    36 and 40): the weights' copy is cheap and both groups merge."""
     gen = torch.Generator().manual_seed(11)
     x, other = [torch.randn(2, 80, 12, generator=gen, dtype=torch.float64).to(DEVICE).requires_grad_() for _ in range(2)]
     params = _params(gen, (12, 12), (12,), (12, 12), (12,), (12, 12), (12,), (20, 12), (20, 12), (12, 20))
@@ -120,10 +120,11 @@ def test_a_modules_projections_merge_with_dynamic_batch_sizes():
     assert sum(linear_groups.merged.values()) - before >= 1
 
 
-def test_weights_are_concatenated_only_where_it_is_cheap():
-    """Without a cast, merging copies the group's weights every call: a 16-row input (under 4
-    rows per output feature) keeps its matmuls. Under autocast each weight is cast anyway, the
-    concatenation goes with the cast, and the same call merges."""
+def test_weights_are_concatenated_only_where_it_is_cheap(monkeypatch):
+    """Without a cast, merging copies the group's weights every call: small weights (8 KB here)
+    merge whatever the rows; larger ones (the bound lowered below them) with a 16-row input,
+    under 4 rows per output feature, keep their matmuls. Under autocast each weight is cast
+    anyway, the concatenation goes with the cast, and the same call merges."""
     gen = torch.Generator().manual_seed(15)
     x = torch.randn(16, 32, generator=gen).to(DEVICE)
     w1, w2 = [(torch.randn(32, 32, generator=gen) / 6).to(DEVICE) for _ in range(2)]
@@ -131,6 +132,11 @@ def test_weights_are_concatenated_only_where_it_is_cheap():
     def fn(x, w1, w2):
         return F.linear(x, w1) * F.linear(x, w2)
 
+    before = sum(linear_groups.merged.values())
+    torch.testing.assert_close(compile_strict(fn, dynamic=False)(x, w1, w2), fn(x, w1, w2))
+    assert sum(linear_groups.merged.values()) == before + 1
+    torch._dynamo.reset()
+    monkeypatch.setattr(linear_groups, "MAX_COPIED_WEIGHT_BYTES", 2 * w1.numel() * w1.element_size() - 1)
     before = sum(linear_groups.merged.values())
     torch.testing.assert_close(compile_strict(fn, dynamic=False)(x, w1, w2), fn(x, w1, w2))
     assert sum(linear_groups.merged.values()) == before
