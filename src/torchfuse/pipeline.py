@@ -30,6 +30,7 @@ from torchfuse.frontend.aot import mutated_inputs, saved_outputs_start
 from torchfuse.frontend.symbolic import shape_env_of, size_hint
 from torchfuse.ir.printer import format_graph
 from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users, split_convolution_bias
+from torchfuse.lowering.cast_views import share_casts_of_views
 from torchfuse.lowering.conv_layout import convolutions_channels_last
 from torchfuse.lowering.devices import check_one_device, place_on_one_device
 from torchfuse.lowering.driver import lower
@@ -382,6 +383,7 @@ def stage_aten(state: CompileState) -> None:
 def stage_lower(state: CompileState) -> None:
     # CUDA 16-bit matmuls only: operands with unaligned rows get zero-padded copies, results with
     # unaligned rows padded strides (an inference graph returns such a result without copying it)
+    share_casts_of_views(state.gm)  # cast(view(x)) beside cast(x): one cast, viewed
     pad_unaligned_operands(state.gm)
     pad_unaligned_matmuls(state.gm, padded_from=padded_outputs_from(state.report.kind))
     state.report.output_strides = padded_output_strides(state.gm)
