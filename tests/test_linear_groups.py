@@ -121,26 +121,30 @@ def test_a_modules_projections_merge_with_dynamic_batch_sizes():
 
 
 def test_weights_are_concatenated_only_where_it_is_cheap(monkeypatch):
-    """Without a cast, merging copies the group's weights every call: small weights (8 KB here)
-    merge whatever the rows; larger ones (the bound lowered below them) with a 16-row input,
-    under 4 rows per output feature, keep their matmuls. Under autocast each weight is cast
-    anyway, the concatenation goes with the cast, and the same call merges."""
+    """Without a cast, merging copies the group's weights every call: in training, small weights
+    (8 KB here) merge whatever the rows; without gradients, or larger (the bound lowered below
+    them), a 16-row input (under 4 rows per output feature) keeps its matmuls. Under autocast
+    each weight is cast anyway, the concatenation goes with the cast, and the call merges."""
     gen = torch.Generator().manual_seed(15)
     x = torch.randn(16, 32, generator=gen).to(DEVICE)
-    w1, w2 = [(torch.randn(32, 32, generator=gen) / 6).to(DEVICE) for _ in range(2)]
+    w1, w2 = [(torch.randn(32, 32, generator=gen) / 6).to(DEVICE).requires_grad_() for _ in range(2)]
 
     def fn(x, w1, w2):
         return F.linear(x, w1) * F.linear(x, w2)
 
-    before = sum(linear_groups.merged.values())
-    torch.testing.assert_close(compile_strict(fn, dynamic=False)(x, w1, w2), fn(x, w1, w2))
-    assert sum(linear_groups.merged.values()) == before + 1
-    torch._dynamo.reset()
+    def merges(*args) -> int:
+        torch._dynamo.reset()
+        before = sum(linear_groups.merged.values())
+        torch.testing.assert_close(compile_strict(fn, dynamic=False)(*args), fn(*args))
+        return sum(linear_groups.merged.values()) - before
+
+    assert merges(x, w1, w2) == 1
+    with torch.no_grad():
+        assert merges(x, w1, w2) == 0
     monkeypatch.setattr(linear_groups, "MAX_COPIED_WEIGHT_BYTES", 2 * w1.numel() * w1.element_size() - 1)
-    before = sum(linear_groups.merged.values())
-    torch.testing.assert_close(compile_strict(fn, dynamic=False)(x, w1, w2), fn(x, w1, w2))
-    assert sum(linear_groups.merged.values()) == before
+    assert merges(x, w1, w2) == 0
     torch._dynamo.reset()
+    before = sum(linear_groups.merged.values())
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         got, want = compile_strict(fn, dynamic=False)(x, w1, w2), fn(x, w1, w2)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

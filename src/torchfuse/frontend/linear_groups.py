@@ -13,7 +13,8 @@ Each output element is the same dot product as before; cuBLAS may pick another a
 the wider matmul, so results agree to rounding, as with any change of kernel. The weights'
 concatenation costs a copy of the group's weights a call: under autocast it fuses with the cast
 to the compute dtype that happens anyway; otherwise a group merges only when its weights are
-small (``MAX_COPIED_WEIGHT_BYTES``) or its input has many rows per output feature
+small (``MAX_COPIED_WEIGHT_BYTES``) in a training graph or its input has many rows per output
+feature
 (``ROWS_PER_FEATURE``), so small-batch inference with large weights keeps its matmuls. The
 split outputs are strided views, which ``view`` and ``reshape`` of their leading or last
 dimensions accept.
@@ -158,25 +159,29 @@ def _compatible_groups(calls: list[LinearCall], order: dict, markers: list[int])
 # costs little beside the matmul: the copy moves ~2 K N elements, the matmul computes 2 M K N
 # products, so at M = 4 N the copy of bfloat16 weights is ~7% of an H100 matmul of BERT's size.
 ROWS_PER_FEATURE = 4
-# Group weights up to this size are copied whatever the rows: reading and writing 16 MiB takes
-# ~11 us of an H100's bandwidth, less than the host time of the calls a merge saves (a matmul
-# ~15-18 us on the H100 box, and a training step saves three per merged layer), and where the
-# step is host-bound (Mistral's: 10.6 ms on the host for 7.2 ms of kernels) that copy runs
-# while the GPU would wait anyway. Larger weights (a 7B model's projections: ~100 MB a group)
-# with few rows would spend more copying than the matmul itself.
+# In training, group weights up to this size are copied whatever the rows: reading and writing
+# 16 MiB takes ~11 us of an H100's bandwidth, less than the host time of the calls a merge saves
+# (a matmul ~15-18 us on the H100 box, three per merged layer with the backward's two), and
+# where the step is host-bound (Mistral's: 10.6 ms on the host for 7.2 ms of kernels) that copy
+# runs while the GPU would wait anyway. Inference saves one call per layer, and the suite's
+# bf16 inference models with such groups are GPU-bound (Llama-HF: 3.1 ms of host time for 6.4
+# ms of kernels), where the copy would only add GPU time: there the row rule alone decides.
+# Larger weights (a 7B model's projections: ~100 MB a group) would spend more copying than the
+# matmul itself.
 MAX_COPIED_WEIGHT_BYTES = 16 << 20
 
 
 def _concatenation_is_cheap(members: list[LinearCall]) -> bool:
     """Concatenating the weights is free when each call casts its weight anyway (autocast: the
     concatenation fuses into the cast), else cheap when the weights are small
-    (``MAX_COPIED_WEIGHT_BYTES``) or the input has many rows per output feature; a small-batch
+    (``MAX_COPIED_WEIGHT_BYTES``) and the call is differentiated, or the input has many rows
+    per output feature; a small-batch
     inference with large weights in the compute dtype would pay a weight copy per call about as
     large as the matmul's own traffic."""
     if all(_example(c.node) is not None and _example(c.node).dtype != _example(c.weight).dtype for c in members):
         return True
-    weights = [_example(c.weight) for c in members]
-    if all(w is not None for w in weights) and \
+    weights, outputs = [_example(c.weight) for c in members], [_example(c.node) for c in members]
+    if all(w is not None for w in weights) and all(o is not None and o.requires_grad for o in outputs) and \
             sum(w.numel() * w.element_size() for w in weights) <= MAX_COPIED_WEIGHT_BYTES:
         return True
     x = _example(members[0].node.args[0])
