@@ -26,6 +26,9 @@ from torchfuse.scheduler.kernel import ExternKernel, FusedKernel, KernelMember, 
 from torchfuse.scheduler.reader_layout import prefer_reader_layouts
 
 Unit = Union[Pointwise, Reduction, ScatterAdd, Extern]
+# Producers a reader's loads are followed through when judging a shared chain in bytes
+# (``_loaded_through_inlined``): a backward's residual chains make cones of hundreds.
+_LOADED_WALK = 64
 
 
 @dataclass
@@ -84,6 +87,7 @@ class _SchedulerState:
         self.reads_of: dict[int, set[str]] = {}  # id(item) -> stored buffers it reads
         self.inlined_origins: dict[int, set[str]] = {}
         self.inliners: dict[torch.device, Inliner] = {}  # step 2's, once ``realized`` is final
+        self.direct_reads: dict[str, tuple[str, ...]] = {}  # node -> buffers its body loads
 
     # -- step 1: realize or inline ------------------------------------------------------
     def decide_realized(self, should_realize) -> None:
@@ -177,23 +181,31 @@ class _SchedulerState:
         return sum(self._itemsize(b) for b in buffers if b not in anyway)
 
     def _loaded_through_inlined(self, reader: str, skipped: str) -> set[str]:
-        node = self.nodes.get(reader)
-        if node is None:
+        """What ``reader`` loads, through producers inlined so far other than ``skipped``; a
+        walk of at most ``_LOADED_WALK`` producers (beyond it, loads count as not made: the
+        count rule's verdict, storing, then stands)."""
+        if reader not in self.nodes:
             return set()
         found: set[str] = set()
-        pending = list(read_buffers(node.body))
+        pending = list(self._direct_reads(reader))
         seen = {skipped}
-        while pending:
+        while pending and len(seen) <= _LOADED_WALK:
             name = pending.pop()
             if name in seen:
                 continue
             seen.add(name)
-            producer = self.inlinable(name)
-            if producer is None:
+            if self.inlinable(name) is None:
                 found.add(name)
             else:
-                pending.extend(read_buffers(producer.body))
+                pending.extend(self._direct_reads(name))
         return found
+
+    def _direct_reads(self, name: str) -> tuple[str, ...]:
+        """The buffers ``name``'s own body loads (bodies do not change while scheduling)."""
+        reads = self.direct_reads.get(name)
+        if reads is None:
+            reads = self.direct_reads[name] = tuple(read_buffers(self.nodes[name].body))
+        return reads
 
     def _itemsize(self, buffer: str) -> int:
         known = self.nodes.get(buffer) or self.graph.buffers.get(buffer)
