@@ -273,3 +273,31 @@ def test_scheduler_stores_a_long_chain_two_kernels_read():
     sines = [sum(1 for m in k.members for e in walk(m.body) if getattr(e, "name", None) == "sin")
              for k in plan.kernels]
     assert len(plan.kernels) == 2 and sum(sines) < 2 * 20, sines
+
+
+def test_the_byte_rule_reads_each_body_once(monkeypatch):
+    """Judging a shared chain in bytes follows each reader's loads through the producers inlined
+    so far (``_loaded_through_inlined``). The first version re-read every body it passed for
+    every reader of every chain: BERT-base's backward took 1.93 s to schedule instead of 0.20.
+    A residual stream of 30 links, each read by a row sum and the next link: each body's
+    buffers are read a bounded number of times, whatever the stream's length."""
+    from torchfuse.scheduler import schedule as scheduling
+
+    def stream(x, w):
+        h = x
+        for _ in range(30):
+            h = h + torch.tanh(h * h.sum(-1, keepdim=True)) @ w
+        return h
+
+    graph = lowered(stream, (8, 16), (16, 16))
+    calls = 0
+    real = scheduling.read_buffers
+
+    def counted(expr):
+        nonlocal calls
+        calls += 1
+        return real(expr)
+
+    monkeypatch.setattr(scheduling, "read_buffers", counted)
+    schedule(graph)
+    assert calls <= 4 * len(graph.nodes), (calls, len(graph.nodes))
