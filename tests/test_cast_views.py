@@ -15,7 +15,9 @@ BF16 = torch.bfloat16
 
 
 def _casts(gm: torch.fx.GraphModule) -> int:
-    return sum(1 for n in gm.graph.nodes if n.target == torch.ops.aten._to_copy.default)
+    """Casts to bfloat16 in the graph."""
+    return sum(1 for n in gm.graph.nodes
+               if n.target == torch.ops.aten._to_copy.default and n.kwargs.get("dtype") == BF16)
 
 
 def _fx(fn, *args) -> torch.fx.GraphModule:
@@ -33,8 +35,8 @@ def test_the_later_cast_becomes_a_view_of_the_earlier(whole_first):
     def fn(a, b):
         x = a * b
         if whole_first:
-            return x.to(BF16).sum(0), x.view(6, 8, 8).to(BF16)
-        part = x.view(6, 8, 8).to(BF16)
+            return x.to(BF16).sum(0), x.view(6, 8, 8).to(BF16).float() * 2
+        part = x.view(6, 8, 8).to(BF16).float() * 2
         return x.to(BF16).sum(0), part
 
     a, b = _scores()
@@ -44,6 +46,24 @@ def test_the_later_cast_becomes_a_view_of_the_earlier(whole_first):
     assert _casts(gm) == 1
     for got, want in zip(gm(a, b), fn(a, b)):
         assert torch.equal(got, want)  # the same values: bitwise
+
+
+def test_casts_the_graph_returns_keep_their_own_memory():
+    """Returned, the two casts must not share memory: eager gives each its own, and a change to
+    one would show in the other (here through the view the graph returns)."""
+    def fn(a, b):
+        x = a * b
+        return x.to(BF16), x.view(6, 8, 8).to(BF16).transpose(1, 2)
+
+    a, b = _scores()
+    gm = _fx(fn, a, b)
+    assert share_casts_of_views(gm) == 0
+    assert _casts(gm) == 2
+    compiled = compile_strict(fn)
+    whole, part = compiled(a.to(DEVICE), b.to(DEVICE))
+    before = part.clone()
+    whole.add_(1)
+    assert torch.equal(part, before)
 
 
 def test_a_base_that_is_not_row_major_keeps_both_casts():

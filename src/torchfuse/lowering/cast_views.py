@@ -10,7 +10,10 @@ stored bf16 cast's 2). Here the second cast becomes a view of the first, so its 
 what the first stores.
 
 Only dense row-major tensors qualify: then a ``view`` of the cast is valid wherever the view of
-the tensor was, with the same elements at the same offsets.
+the tensor was, with the same elements at the same offsets. Neither cast may reach the graph's
+outputs (directly or through views): two outputs would then share memory that eager gave each
+its own, and an in-place change to one would show in the other (or, for a tensor saved for the
+backward, trip autograd's version check).
 """
 from __future__ import annotations
 
@@ -50,10 +53,12 @@ def _as_view_of_earlier_cast(graph: torch.fx.Graph, cast: torch.fx.Node,
     if cast.op != "call_function" or cast.target != _CAST or len(cast.args) != 1:
         return None
     source = cast.args[0]
-    if not isinstance(source, torch.fx.Node) or not _row_major(cast) or not _row_major(source):
+    if not isinstance(source, torch.fx.Node) or not _row_major(cast) or not _row_major(source) \
+            or _reaches_output(cast):
         return None
     earlier = lambda other: (other is not cast and other.target == _CAST and other.kwargs == cast.kwargs  # noqa: E731
-                             and order.get(other, len(order)) < order[cast] and _row_major(other))
+                             and order.get(other, len(order)) < order[cast] and _row_major(other)
+                             and not _reaches_output(other))
     if source.target in _VIEWS:  # cast(view(x)) after cast(x): view the latter
         base = source.args[0]
         if isinstance(base, torch.fx.Node) and _row_major(base):
@@ -72,6 +77,28 @@ def _as_view_of_earlier_cast(graph: torch.fx.Graph, cast: torch.fx.Node,
                     with graph.inserting_before(cast):
                         return graph.call_function(torch.ops.aten.view.default, (part, list(sizes)))
     return None
+
+
+def _reaches_output(node: torch.fx.Node) -> bool:
+    """Whether the graph returns ``node`` or a view of it (through any chain of view ops)."""
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in current.users:
+            if user.op == "output":
+                return True
+            if _is_view(user):
+                pending.append(user)
+    return False
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """An op whose result aliases its input (its schema's first return has alias info)."""
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema is not None and schema.returns and schema.returns[0].alias_info is not None)
 
 
 def _row_major(node: torch.fx.Node) -> bool:
