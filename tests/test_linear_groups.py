@@ -149,3 +149,23 @@ def test_weights_are_concatenated_only_where_it_is_cheap(monkeypatch):
         got, want = compile_strict(fn, dynamic=False)(x, w1, w2), fn(x, w1, w2)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert sum(linear_groups.merged.values()) == before + 1
+
+
+def test_projections_the_graph_returns_keep_their_own_matmuls():
+    """Merged, returned projections would be slices of one tensor with one version counter: an
+    in-place change to one could trip autograd's check on another that the backward saved,
+    where eager's separate tensors would not. Calls whose results (or views of them) the graph
+    returns stay apart; here only ``v``, used inside, has no partner left to merge with."""
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(8, 16, generator=gen).to(DEVICE)
+    wq, wk, wv = [(torch.randn(16, 16, generator=gen) / 4).to(DEVICE).requires_grad_() for _ in range(3)]
+
+    def fn(x, wq, wk, wv):
+        q, k, v = F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)
+        return q, k.transpose(0, 1), (q * k * v).sum()
+
+    before = sum(linear_groups.merged.values())
+    got, want = compile_strict(fn, dynamic=False)(x, wq, wk, wv), fn(x, wq, wk, wv)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert sum(linear_groups.merged.values()) == before

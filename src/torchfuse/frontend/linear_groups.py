@@ -120,7 +120,42 @@ def _linear_call(node: torch.fx.Node) -> LinearCall | None:
         return None
     if bias is not None and (_example(bias) is None or _example(bias).shape != (w.shape[0],)):
         return None
+    if _returned(node):
+        return None
     return LinearCall(node, weight, bias, w.shape[0])
+
+
+# Dynamo-graph calls whose result may share memory with their first argument.
+VIEW_METHODS = frozenset({"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t", "T", "mT",
+                          "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "expand_as", "narrow",
+                          "split", "chunk", "unbind", "select", "movedim", "swapaxes", "swapdims",
+                          "contiguous", "detach", "as_strided", "unfold", "diagonal", "__getitem__",
+                          "float", "to", "type", "type_as", "half", "bfloat16"})
+VIEW_FUNCTIONS = frozenset({operator.getitem, torch.reshape, torch.transpose, torch.permute, torch.t,
+                            torch.unsqueeze, torch.squeeze, torch.flatten, torch.narrow, torch.split,
+                            torch.chunk, torch.unbind, torch.select, torch.movedim, torch.swapaxes,
+                            torch.as_strided, torch.diagonal, torch.detach})
+
+
+def _returned(node: torch.fx.Node) -> bool:
+    """Whether the graph returns ``node``'s result, or something that may be a view of it.
+    Merged, the members' results are slices of one tensor sharing its version counter: an
+    in-place change to a returned one would trip autograd's check on another saved for the
+    backward, where eager's separate results would not."""
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in current.users:
+            if user.op == "output":
+                return True
+            aliases = (user.op == "call_method" and user.target in VIEW_METHODS) or \
+                (user.op == "call_function" and user.target in VIEW_FUNCTIONS)
+            if aliases and user.args and user.args[0] is current:
+                pending.append(user)
+    return False
 
 
 def _example(node: torch.fx.Node) -> torch.Tensor | None:
