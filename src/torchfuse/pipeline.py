@@ -381,9 +381,9 @@ def stage_aten(state: CompileState) -> None:
 
 
 def stage_lower(state: CompileState) -> None:
+    share_casts_of_views(state.gm)  # cast(view(x)) beside cast(x): one cast, viewed
     # CUDA 16-bit matmuls only: operands with unaligned rows get zero-padded copies, results with
     # unaligned rows padded strides (an inference graph returns such a result without copying it)
-    share_casts_of_views(state.gm)  # cast(view(x)) beside cast(x): one cast, viewed
     pad_unaligned_operands(state.gm)
     pad_unaligned_matmuls(state.gm, padded_from=padded_outputs_from(state.report.kind))
     state.report.output_strides = padded_output_strides(state.gm)

@@ -14,8 +14,7 @@ the wider matmul, so results agree to rounding, as with any change of kernel. Th
 concatenation costs a copy of the group's weights a call: under autocast it fuses with the cast
 to the compute dtype that happens anyway; otherwise a group merges only when its weights are
 small (``MAX_COPIED_WEIGHT_BYTES``) in a training graph or its input has many rows per output
-feature
-(``ROWS_PER_FEATURE``), so small-batch inference with large weights keeps its matmuls. The
+feature (``ROWS_PER_FEATURE``), so small-batch inference with large weights keeps its matmuls. The
 split outputs are strided views, which ``view`` and ``reshape`` of their leading or last
 dimensions accept.
 
@@ -210,9 +209,8 @@ def _concatenation_is_cheap(members: list[LinearCall]) -> bool:
     """Concatenating the weights is free when each call casts its weight anyway (autocast: the
     concatenation fuses into the cast), else cheap when the weights are small
     (``MAX_COPIED_WEIGHT_BYTES``) and the call is differentiated, or the input has many rows
-    per output feature; a small-batch
-    inference with large weights in the compute dtype would pay a weight copy per call about as
-    large as the matmul's own traffic."""
+    per output feature; a small-batch inference with large weights in the compute dtype would
+    pay a weight copy per call about as large as the matmul's own traffic."""
     if all(_example(c.node) is not None and _example(c.node).dtype != _example(c.weight).dtype for c in members):
         return True
     weights, outputs = [_example(c.weight) for c in members], [_example(c.node) for c in members]
