@@ -33,6 +33,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from torchfuse.frontend.fx_outputs import returned
+
 LINEAR_CALLS = (torch._C._nn.linear, F.linear)
 # Dynamo writes ``with torch.autocast(...)`` inside a graph as calls of these: a group may not
 # span one, since its members would then compute in different dtypes.
@@ -141,20 +143,14 @@ def _returned(node: torch.fx.Node) -> bool:
     Merged, the members' results are slices of one tensor sharing its version counter: an
     in-place change to a returned one would trip autograd's check on another saved for the
     backward, where eager's separate results would not."""
-    pending, seen = [node], set()
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        for user in current.users:
-            if user.op == "output":
-                return True
-            aliases = (user.op == "call_method" and user.target in VIEW_METHODS) or \
-                (user.op == "call_function" and user.target in VIEW_FUNCTIONS)
-            if aliases and user.args and user.args[0] is current:
-                pending.append(user)
-    return False
+    return returned(node, _may_view)
+
+
+def _may_view(user: torch.fx.Node, source: torch.fx.Node) -> bool:
+    """Whether ``user`` is a Dynamo-graph call that may return a view of ``source``."""
+    aliases = (user.op == "call_method" and user.target in VIEW_METHODS) or \
+        (user.op == "call_function" and user.target in VIEW_FUNCTIONS)
+    return aliases and bool(user.args) and user.args[0] is source
 
 
 def _example(node: torch.fx.Node) -> torch.Tensor | None:

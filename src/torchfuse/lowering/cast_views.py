@@ -21,6 +21,8 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from torchfuse.frontend.fx_outputs import returned
+
 _CAST = torch.ops.aten._to_copy.default
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 
@@ -81,18 +83,7 @@ def _as_view_of_earlier_cast(graph: torch.fx.Graph, cast: torch.fx.Node,
 
 def _reaches_output(node: torch.fx.Node) -> bool:
     """Whether the graph returns ``node`` or a view of it (through any chain of view ops)."""
-    pending, seen = [node], set()
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        for user in current.users:
-            if user.op == "output":
-                return True
-            if _is_view(user):
-                pending.append(user)
-    return False
+    return returned(node, lambda user, source: _is_view(user))
 
 
 def _is_view(node: torch.fx.Node) -> bool:
