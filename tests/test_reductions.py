@@ -297,7 +297,7 @@ def test_a_product_its_readers_half_load_anyway_is_recomputed_not_stored():
     (3 readers x 2 inputs >= 2 + 1 + 3) stored it."""
     p = floats((4, 3, 40, 40), torch.float32, specials=[]).softmax(-1)
     dp = floats((4, 3, 40, 40), torch.bfloat16, specials=[], seed=1)
-    keep = torch.rand(1, 1, 40, 1) > 0.3
+    keep = torch.rand(1, 1, 40, 1, device=DEVICE) > 0.3
 
     def fn(p, dp, keep):
         product = p * dp.float()

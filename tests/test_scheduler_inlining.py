@@ -181,6 +181,36 @@ def test_ordinary_fusion_is_unchanged(target, case, expected):
         assert all("sin" in (k.source or "") for k in kernels())
 
 
+def rotary(q: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding as Llama-style models write it: cos and sin of [S, D] angles, broadcast
+    over the batch and heads of q."""
+    cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+    half = q.shape[-1] // 2
+    return q * cos + torch.cat((-q[..., half:], q[..., :half]), -1) * sin
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("target", TARGETS)
+def test_broadcast_transcendental_table_is_stored_not_recomputed(target):
+    """cos and sin of the [S, D] angles are computed once into a table (policy.TRANSCENDENTAL_OPS):
+    inlined, the kernel over q called both for each of q's B * H times more elements. An exp
+    read at the same size stays inlined, and so does a row statistic's power (RMSNorm's backward
+    reads ``rstd ** 3`` over the rows: stored, it was one more launch a norm)."""
+    q, angles = fresh_input(3, 8, 40, 32), fresh_input(40, 32) * 4
+    check(rotary, q, angles, target=target)
+    by_size = {k.name: max(a.bytes for a in k.writes) for k in kernels()}
+    large = [k for k in kernels() if by_size[k.name] == q.numel() * q.element_size()]
+    tables = [k for k in kernels() if k not in large]
+    assert len(large) == 1 and not re.search(r"\b(cos|sin)\(", large[0].source), large[0].source
+    assert tables and all(re.search(r"\bcos\(", k.source) or re.search(r"\bsin\(", k.source) for k in tables)
+    torchfuse.reset()
+    check(lambda x, y: torch.exp(x) * y + 1, fresh_input(21, 33), fresh_input(21, 33), target=target)
+    assert len(kernels()) == 1, [(k.name, k.ops) for k in kernels()]
+    torchfuse.reset()
+    check(lambda x, r: x * r.pow(3), fresh_input(21, 33), fresh_input(21, 1).abs() + 0.5, target=target)
+    assert len(kernels()) == 1, [(k.name, k.ops) for k in kernels()]
+
+
 # -- IR: hashing, equality, transform ------------------------------------------------------
 
 def doubling_dag(depth: int, leaf: float = 1.0) -> Op:

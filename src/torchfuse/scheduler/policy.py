@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchfuse.ir.expr import count_ops, loads
+from torchfuse.ir.expr import Op, count_ops, loads, walk
 from torchfuse.ir.graph import Pointwise
 from torchfuse.scheduler.decisions import FusionDecision
 from torchfuse.scheduler.kernel import FusedKernel
@@ -15,6 +15,17 @@ from torchfuse.scheduler.kernel import FusedKernel
 # Recomputing a body in each reader beats a store and a reload unless the body is large.
 MAX_RECOMPUTED_OPS = 24
 MAX_RECOMPUTED_LOADS = 6
+# Library calls of dozens of instructions an element (range reduction, polynomials). A table of
+# them that a larger reader broadcasts (rotary embeddings' cos and sin of [S, D] angles, read over
+# [B, S, H * D]) costs that many calls per element of the reader when inlined: Mistral's q/k/v
+# gradient kernel recomputed sin and cos three times an element of its 12.6 MB output and ran at
+# 16% of copy bandwidth (60 us on the H100). Not exp, log and sigmoid: one or two hardware
+# approximations each in Triton, and storing a squeeze-excitation gate would cost a launch.
+TRANSCENDENTAL_OPS = frozenset(
+    "expm1 log10 log1p sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh "
+    "erf erfc erfinv lgamma".split())
+# Store such a table when a reader runs over at least this many times its elements.
+BROADCAST_REUSE = 8
 
 
 @dataclass(frozen=True)
@@ -24,6 +35,8 @@ class RealizeContext:
     reader_count: int  # nodes that would recompute it if inlined
     read_on_other_device: bool = False  # a reader runs on another device (CPU values in a GPU graph)
     accumulated_into: bool = False  # a scatter's base: the scatter adds into its memory
+    elements: int | None = None  # its elements, where static
+    reader_elements: int | None = None  # the most elements a reader (stored, or not inlinable) runs over
 
 
 def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
@@ -36,6 +49,10 @@ def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
         return FusionDecision.yes("read by an ATen call")
     if ctx.read_on_other_device:
         return FusionDecision.yes("read by a kernel on another device")
+    if (ctx.elements and ctx.reader_elements and ctx.reader_elements >= BROADCAST_REUSE * ctx.elements
+            and any(isinstance(e, Op) and e.name in TRANSCENDENTAL_OPS for e in walk(node.body))):
+        return FusionDecision.yes(f"transcendental calls on {ctx.elements} elements that a reader would "
+                                  f"recompute over {ctx.reader_elements}")
     if ctx.reader_count > 1:
         ops, reads = count_ops(node.body), len(loads(node.body))
         if ops > MAX_RECOMPUTED_OPS or reads > MAX_RECOMPUTED_LOADS:

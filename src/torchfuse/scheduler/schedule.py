@@ -49,6 +49,20 @@ class Schedule:
         return [i for i in self.items if isinstance(i, FusedKernel)]
 
 
+def _static_elements(shape) -> int | None:
+    total = product(shape)
+    return int(total) if getattr(total, "is_number", True) else None
+
+
+def _iteration_elements(node) -> int | None:
+    """The elements a node's kernel runs over, where static: a reduction's whole source."""
+    if isinstance(node, (Reduction, ScatterAdd)):
+        return _static_elements(node.source_shape)
+    if isinstance(node, Pointwise):
+        return _static_elements(node.shape)
+    return None
+
+
 def schedule(graph: Graph, worth_fusing=policy.worth_fusing, should_realize=policy.should_realize,
              movable_outputs_from: int | None = None) -> Schedule:
     """Group the graph's nodes into fused kernels.
@@ -115,6 +129,9 @@ class _SchedulerState:
                 read_on_other_device=any(r in self.nodes and not may_inline_across(node, self.nodes[r].device)
                                          for r in direct.get(node.name, [])),
                 accumulated_into=node.name in bases,
+                elements=_static_elements(node.shape),
+                reader_elements=max((_iteration_elements(self.nodes[r]) or 0 for r in readers if r in self.nodes),
+                                    default=None),
             )
             if should_realize(node, ctx):
                 self.realized.add(node.name)
