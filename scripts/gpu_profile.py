@@ -24,6 +24,7 @@ allocations inside a convolution, say).
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import io
 import json
@@ -219,7 +220,7 @@ def main() -> int:
         return 2
     warm_up_compilers(backends, device)
     copy_gbs = copy_bandwidth_gbs(device)
-    rows, tops, failures, peaks, graph_rows = [], {}, {}, {}, []
+    rows, tops, failures, peaks, graph_rows, graph_calls = [], {}, {}, {}, [], {}
     for case in select("models", device, set(filter(None, args.cases.split(","))) or None):
         if case.missing():
             continue
@@ -263,6 +264,10 @@ def main() -> int:
                                   Path(args.out) / f"sources_{case.name}", slow_big)
         # Each case's figures as soon as it is done: a call cut short by its time limit keeps them.
         print(format_profiles([row for row in rows if row[0] == case.name]), flush=True)
+        if "torchfuse-ro" in steps:  # how the CUDA-graph runner took this case's calls (issue 15)
+            graph_calls[case.name] = dict(sum((g.cudagraphs for g in torchfuse.report().graphs[graphs_before:]),
+                                              collections.Counter()))
+            print(f"{case.name} torchfuse-ro graph calls: {graph_calls[case.name]}", flush=True)
         for backend, step in steps.items():
             if args.graph_times and backend != "eager":
                 host_ms, inside_ms = graph_times(step, backend, args.graph_times)
@@ -281,7 +286,7 @@ def main() -> int:
     (out / "profile.json").write_text(json.dumps({
         "rows": [{"case": c, "backend": b, **asdict(p), "host_us_per_launch": p.host_us_per_launch}
                  for c, b, p in rows], "torchfuse_top": tops, "failures": failures, "copy_gbs": copy_gbs,
-        "peak_mb": peaks, "graph_times": [{"case": c, "backend": b, "host_ms": h, "in_graphs_ms": i}
+        "peak_mb": peaks, "cudagraph_calls": graph_calls, "graph_times": [{"case": c, "backend": b, "host_ms": h, "in_graphs_ms": i}
                                           for c, b, h, i in graph_rows]}, indent=1))
     for case, info in tops.items():
         print(f"\n{case}: torchfuse launches (all torchfuse backends of the case) direct {info['direct']}, "

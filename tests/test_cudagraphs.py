@@ -152,11 +152,38 @@ def test_a_view_of_a_saved_output_counts_as_alive():
     assert stats["replayed"] == 1
 
 
-def test_backward_outputs_are_cloned():
-    run, _ = runner(lambda g, w: (g * w,), GraphIO(clone_all_outputs=True, saved_outputs_from=0))
+def test_gradients_dropped_before_the_next_call_are_aliases():
+    """A backward graph's outputs are handed out in the recording's memory while the user drops
+    them before the next call (``zero_grad()``'s default): no clone, every call after the
+    warm-up replayed."""
+    run, stats = runner(lambda g, w: (g * w,), GraphIO(gradient_outputs=True))
     w = torch.randn(3)
-    grads = [run([torch.randn(3), w])[0] for _ in range(3)]
-    assert len({g.untyped_storage().data_ptr() for g in grads}) == 3
+    storages = set()
+    for _ in range(5):
+        g = torch.randn(3)
+        grad = run([g, w])[0]
+        torch.testing.assert_close(grad, g * w)
+        storages.add(grad.untyped_storage().data_ptr())
+        del grad
+    assert stats["replayed"] == 4 and len(storages) == 2, (stats, storages)  # warm-up's, then the recording's
+
+
+def test_gradients_kept_across_calls_are_never_overwritten():
+    """Kept gradients (accumulation, ``zero_grad(set_to_none=False)``) stay as computed: the
+    replay that would overwrite them runs the default path, and the graph is recorded again with
+    its outputs cloned, then replayed."""
+    run, stats = runner(lambda g, w: (g * w,), GraphIO(gradient_outputs=True))
+    w = torch.randn(3)
+    kept, expected = [], []
+    for _ in range(6):
+        g = torch.randn(3)
+        kept.append(run([g, w])[0])
+        expected.append(g * w)
+    for grad, want in zip(kept, expected):
+        torch.testing.assert_close(grad, want)
+    reason = "default path: gradients of the previous call are still in use (kept across steps: recording again with them cloned)"
+    assert stats[reason] == 1 and stats["recorded"] == 2 and stats["replayed"] == 4, stats
+    assert len({g.untyped_storage().data_ptr() for g in kept}) == 6
 
 
 def test_a_static_input_that_moves_runs_default_then_is_recorded_again_as_copied():
@@ -284,7 +311,7 @@ class _Net(torch.nn.Module):
         return self.fc2(self.drop(torch.relu(self.norm(self.fc1(x)))))
 
 
-def _train(mode: str, steps: int, seed: int = 0):
+def _train(mode: str, steps: int, seed: int = 0, set_to_none: bool = True):
     torch.manual_seed(seed)
     model = _Net().cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -295,7 +322,7 @@ def _train(mode: str, steps: int, seed: int = 0):
         x = torch.randn(32, 64, device="cuda", generator=data)
         y = torch.randint(0, 10, (32,), device="cuda", generator=data)
         loss = torch.nn.functional.cross_entropy(compiled(x), y)
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())
@@ -312,6 +339,23 @@ def test_training_loop_with_dropout_batchnorm_and_optimizer_matches_default_mode
     counts = _graph_counts()
     assert counts["replayed"] >= 6, counts  # forward and backward replayed from the third step
     assert torch.equal(graph_losses, default_losses)  # same kernels, same RNG: bitwise
+    for a, b in zip(graph_model.state_dict().values(), default_model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+@cuda
+@pytest.mark.gpu
+def test_gradients_zeroed_in_place_keep_the_training_loop_exact():
+    """``zero_grad(set_to_none=False)`` keeps ``.grad`` (the first replay's gradients, in the
+    recording's memory) across steps: the backward is recorded again with cloned outputs, and
+    every loss and weight equals default mode's."""
+    torchfuse.reset()
+    default_losses, default_model = _train("default", 6, set_to_none=False)
+    torchfuse.reset()
+    graph_losses, graph_model = _train("reduce-overhead", 6, set_to_none=False)
+    counts = _graph_counts()
+    assert any("gradients of the previous call are still in use" in reason for reason in counts), counts
+    assert torch.equal(graph_losses, default_losses)
     for a, b in zip(graph_model.state_dict().values(), default_model.state_dict().values()):
         assert torch.equal(a, b)
 

@@ -143,7 +143,7 @@ def _with_cuda_graphs(call: Callable, state: CompileState) -> Callable:
         return call
     io = cudagraphs.GraphIO(mutated_inputs=mutated_inputs(state.gm),
                             saved_outputs_from=saved_outputs_start(state.report.kind),
-                            clone_all_outputs=state.report.kind == "backward")
+                            gradient_outputs=state.report.kind == "backward")
     shape_generic = any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and not _static_shape(x))
                         for x in state.example_inputs)
     return cudagraphs.CudaGraphRunner(call, io, state.report.cudagraphs, shape_generic=shape_generic)

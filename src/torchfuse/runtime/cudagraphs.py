@@ -12,10 +12,15 @@ A replay reads and writes fixed addresses, so the runner keeps these promises:
 - **Mutated inputs** (an in-place optimizer step, BatchNorm's running statistics): static ones are
   written in place by the replay; copied ones are copied back after it.
 - **Outputs** live in the recording's memory and the next replay overwrites them. Outputs a user
-  sees (and every output of a backward graph: gradients end up in ``.grad``) are cloned.
-  Outputs a forward graph saves for its backward are handed out as aliases, and a replay that
-  would overwrite ones still alive (a second forward before the first's backward) runs on the
-  default path instead: never silently stale data.
+  sees are cloned. Outputs a forward graph saves for its backward are handed out as aliases,
+  and a replay that would overwrite ones still alive (a second forward before the first's
+  backward) runs on the default path instead: never silently stale data. A backward graph's
+  outputs (gradients, which end up in ``.grad``) are aliases too while the user drops them
+  before the next backward (``zero_grad()``'s default, ``set_to_none=True``); cloning them cost
+  a copy and two ATen calls a parameter every step. When a replay finds the previous call's
+  gradients still alive (accumulation, ``zero_grad(set_to_none=False)``: ``.grad`` *is* that
+  memory), the call runs the default path, the recording is left to them, and the graph is
+  recorded again with its outputs cloned from then on.
 - **RNG.** ATen's CUDA random ops (dropout) read their seed and offset from the generator, which
   the graph registers, so every replay draws new numbers, the same as the default path would.
 
@@ -79,12 +84,13 @@ class GraphIO:
         mutated_inputs: positions of inputs the graph writes in place.
         saved_outputs_from: for a forward graph, the position of its first output saved for the
             backward (None: unknown, or not a forward graph; every output is then cloned).
-        clone_all_outputs: a backward graph: its outputs are gradients, kept by the user.
+        gradient_outputs: a backward graph: its outputs are gradients, which the user may keep
+            across calls (aliases until a replay finds them alive, then clones).
     """
 
     mutated_inputs: frozenset[int] = frozenset()
     saved_outputs_from: int | None = None
-    clone_all_outputs: bool = False
+    gradient_outputs: bool = False
 
 
 @dataclass
@@ -107,6 +113,7 @@ class _Layout:
     recordings_made: int = 0
     always_copy: set[int] = field(default_factory=set)
     refused: str | None = None
+    clone_outputs: bool = False  # gradients were kept across calls: clone every output
 
 
 class CudaGraphRunner:
@@ -174,6 +181,8 @@ class CudaGraphRunner:
                 return self._default(args, "a static input moved (recording again with it copied)")
             return self._default(args, "a static input moved")
         if _aliases_alive(recording):
+            if self.io.gradient_outputs:
+                return self._leave_to_kept_gradients(layout, args)
             return self._default(args, "outputs of the previous call are still in use "
                                        "(a second forward before the backward of the first)")
         recording.moves.clear()  # only moves in consecutive calls lead to a new recording
@@ -182,6 +191,17 @@ class CudaGraphRunner:
         recording.replayable.replay()
         self.stats["replayed"] += 1
         return self._finish(recording, args)
+
+    def _leave_to_kept_gradients(self, layout: _Layout, args: list) -> Any:
+        """The previous call's gradients are still alive (``.grad`` holds them): this call runs
+        the default path, the recording's memory stays theirs, and the next call records again,
+        cloning its outputs from then on."""
+        layout.recording = None
+        layout.clone_outputs = True
+        if layout.recordings_made >= MAX_RECORDINGS:
+            layout.refused = "gradients kept across calls, after every recording"
+        return self._default(args, "gradients of the previous call are still in use "
+                                   "(kept across steps: recording again with them cloned)")
 
     def _finish(self, recording: _Recording, args: list) -> list:
         """Copy mutated inputs back, then hand out the outputs (cloned or aliased)."""
@@ -207,7 +227,7 @@ class CudaGraphRunner:
         del inputs
         layout.recordings_made += 1
         self.stats["recorded"] += 1
-        handed_out = self._aliased_outputs(outputs, copied)
+        handed_out = frozenset() if layout.clone_outputs else self._aliased_outputs(outputs, copied)
         recording = _Recording(replayable, static_ptrs, copied, list(outputs), handed_out, {})
         recording.storage_refs = {_storage_key(outputs[i]): _use_count(outputs[i]) for i in handed_out}
         self.pool_storages.update(_storage_key(o) for o in outputs if isinstance(o, torch.Tensor))
@@ -246,10 +266,10 @@ class CudaGraphRunner:
 
     def _aliased_outputs(self, outputs: Sequence[Any], copied: dict[int, torch.Tensor]) -> frozenset[int]:
         """Positions of outputs handed out as aliases: tensors a forward graph saves for its
-        backward, unless they share memory with a buffer of ours that the next copy-in
-        overwrites."""
-        start = self.io.saved_outputs_from
-        if self.io.clone_all_outputs or start is None:
+        backward, or a backward graph's gradients, unless they share memory with a buffer of
+        ours that the next copy-in overwrites."""
+        start = 0 if self.io.gradient_outputs else self.io.saved_outputs_from
+        if start is None:
             return frozenset()
         ours = {_storage_key(b) for b in copied.values()}
         return frozenset(i for i in range(start, len(outputs))
