@@ -167,6 +167,36 @@ def test_a_cpu_value_that_reads_cpu_memory_is_stored_by_a_cpu_kernel():
     assert f"{value}.item()" in source and source.index(f"{value}.item()") < source.index(f"del {value}")
 
 
+def shift_right(ids):
+    """T5's ``_shift_right`` as aot_autograd gives it: ``shifted[..., 0] = 0`` copies a CPU
+    tensor constant (Dynamo lifts the 0) into a GPU slice."""
+    aten = torch.ops.aten
+    shifted = aten.slice_scatter.default(aten.new_zeros.default(ids, list(ids.shape)),
+                                         aten.slice.Tensor(ids, 1, 0, -1), 1, 1)
+    start = aten.copy.default(aten.select.int(shifted, 1, 0), aten.lift_fresh_copy.default(torch.tensor(5)))
+    return aten.select_scatter.default(shifted, start, 1, 0) * 3
+
+
+def test_a_cpu_constant_copied_into_a_gpu_tensor_is_a_kernel_scalar():
+    """No C++ kernel and no ATen copy: a graph with C++ kernels cannot be a CUDA graph."""
+    gm, fakes = _fake_cuda_graph(shift_right, ((3, 16), torch.int64, "cuda"))
+    graph = lower(gm, "g")
+    assert place_on_one_device(graph) == []
+    plan = schedule(graph)
+    check_one_device(plan.kernels, graph.buffers)
+    (kernel,) = plan.kernels
+    assert kernel.device.type == "cuda"
+    rendered = render_kernel(kernel, graph.buffers, lambda e: int(e))
+    assert rendered.scalar_args == []  # lowering folds the small constant into the kernel
+    ids = torch.randint(1, 1000, (3, 16))
+    out = torch.empty(3, 16, dtype=torch.int64)
+    launcher = Launcher(load_kernel(rendered.source, rendered.function, interpret=True), "pointwise")
+    launcher(48, 0, ids, out)
+    assert torch.equal(out, shift_right(ids))
+    compile_graph(gm, fakes, "inference", Options(strict=True))
+    assert report().graphs[-1].device_notes == []
+
+
 # -- on a GPU -------------------------------------------------------------------------------------
 def _cuda_cases():
     gen = torch.Generator().manual_seed(0)
@@ -180,6 +210,7 @@ def _cuda_cases():
         "cpu index tensor": (lambda x, i: x[i] * 2, (x.cuda(), torch.tensor([3, 0, 63, 5]))),
         "cuda tensors from cpu inputs": (lambda s: torch.ones(5, device="cuda") * s, (torch.tensor(1.5),)),
         "cpu float64 chain from sizes": (size_scale, (x.cuda(), torch.tensor(0.25))),
+        "cpu constant copied into a gpu slice": (shift_right, (torch.randint(1, 9, (3, 16)).cuda(),)),
     }
 
 

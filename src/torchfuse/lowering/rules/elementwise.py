@@ -237,16 +237,27 @@ def clamp(ctx: LoweringContext, node: torch.fx.Node, x: Any, low: Any = None, hi
                    aten._conj, aten.positive, aten.contiguous, aten.copy,
                    torch.ops.prims.convert_element_type.default)
 def copy(ctx: LoweringContext, node: torch.fx.Node, x: Any, *args: Any, **kwargs: Any) -> Any:
-    """A (possibly dtype-converting) copy; a device change runs as an ATen call."""
+    """A (possibly dtype-converting) copy; a device change runs as an ATen call, except a 0-d
+    CPU value copied to the GPU, which the GPU kernel receives by value (``_scalar_to_device``)."""
     if node.target.overloadpacket is aten.copy:
         x = args[0]  # copy(dst, src): the result is src in dst's layout
     meta = out_meta(node)
-    if getattr(x, "device", meta.device) != meta.device:
+    if getattr(x, "device", meta.device) != meta.device and not _scalar_to_device(x, meta.device):
         return NotImplemented
     # clone(memory_format=channels_last): the layout is the point (a convolution's input).
     explicit = node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format)
     return pointwise_op(ctx, node, (x,), meta.dtype, lambda args: args[0],
                         strides=strides_of(node.meta["val"]) if explicit else None)
+
+
+def _scalar_to_device(x: Any, device: torch.device) -> bool:
+    """Is ``x`` a 0-d CPU value copied to a GPU? Then the copy is a GPU node reading it as a
+    kernel scalar (ir/devices.py), as eager's ``gpu_x.copy_(cpu_scalar)`` does: an ATen copy
+    instead would make the CPU value a stored buffer, built by a C++ kernel, and a graph with
+    C++ kernels cannot be replayed as a CUDA graph (``shifted[..., 0] = 0`` in T5's
+    ``_shift_right`` lifts its 0 as a CPU tensor constant)."""
+    return (isinstance(x, TensorValue) and x.rank == 0 and x.device.type == "cpu"
+            and device.type != "cpu")
 
 
 @register_lowering(aten.sigmoid_backward)
