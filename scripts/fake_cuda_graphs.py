@@ -1,0 +1,89 @@
+"""What a GPU model's graphs would compile to, found on a machine without a GPU.
+
+Each bench case is built on the CPU (its quick size) and traced through torchfuse's own frontend
+(aot_autograd, decompositions, attention and linear rewrites). Every forward and backward ATen
+graph is then re-traced with fake CUDA tensors (factory calls' ``device=cpu`` become CUDA; 0-d
+``scalar_tensor`` stays on the CPU, as decompositions leave it in GPU graphs) and compiled up to
+the wrapper with ``mode="reduce-overhead"``. Printed per graph: kernels, kernels built for the
+CPU (C++) and why CUDA graphs would be refused. That is the question "can this model's graphs be
+CUDA graphs at all?", answered before spending device time.
+
+    python scripts/fake_cuda_graphs.py --cases t5_train,mistral_train
+
+Needs the case's model library (transformers for the HF cases). Limits: the CPU trace is the
+CPU's: autocast follows CPU rules and attention takes the CPU's SDPA path.
+"""
+from __future__ import annotations
+
+import argparse
+import warnings
+from typing import Any
+
+import torch
+from functorch.compile import make_boxed_func
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchfuse.bench import suites
+from torchfuse.diagnostics.report import report
+from torchfuse.frontend.aot import aot_backend
+from torchfuse.options import Options
+from torchfuse.pipeline import compile_graph, run_captured
+
+CUDA = torch.device("cuda")
+
+
+def capture(case_name: str) -> list[tuple[str, torch.fx.GraphModule, list[Any]]]:
+    """The ATen graphs (kind, graph, example inputs) of one step of the case, traced on the CPU."""
+    (case,) = suites.select("models", torch.device("cuda"), {case_name})
+    graphs = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str) -> Any:
+        graphs.append((kind, gm, example_inputs))
+        return make_boxed_func(gm.forward)
+
+    backend = aot_backend(keep, run_captured, strict=True)
+    workload = case.build(torch.device("cpu"), True)
+    step = workload.make_step(lambda model: torch.compile(model, backend=backend))
+    step()
+    return graphs
+
+
+def on_fake_cuda(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """``gm`` re-traced with fake CUDA inputs, its factory calls moved to CUDA."""
+    for node in gm.graph.nodes:
+        if (node.op == "call_function" and node.kwargs.get("device") == torch.device("cpu")
+                and node.target is not torch.ops.aten.scalar_tensor.default):
+            node.kwargs = {**node.kwargs, "device": CUDA}
+    gm.recompile()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fakes = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=CUDA)
+                 if isinstance(x, torch.Tensor) else x for x in inputs]
+    return make_fx(gm, tracing_mode="fake")(*fakes), fakes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", required=True, help="comma-separated bench case names")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    options = Options.from_user({"strict": True}, "reduce-overhead")
+    for name in args.cases.split(","):
+        for kind, gm, inputs in capture(name):
+            try:
+                compile_graph(*on_fake_cuda(gm, inputs), kind, options)
+            except Exception as error:  # noqa: BLE001 - e.g. a CPU tensor constant read by a CUDA op
+                print(f"{name} {kind}: not emulated ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+                continue
+            graph = report().graphs[-1]
+            cpu_kernels = [k for k in graph.kernels if k.source and 'extern "C"' in k.source]
+            print(f"{name} {kind}: {len(graph.kernels)} kernels, {len(cpu_kernels)} on the CPU; "
+                  f"CUDA graphs: {dict(graph.cudagraphs) or 'usable'}")
+            for kernel in cpu_kernels:
+                print(f"    CPU kernel {kernel.name}: {', '.join(kernel.ops)}")
+            for note in graph.device_notes:
+                print(f"    {note}")
+
+
+if __name__ == "__main__":
+    main()
