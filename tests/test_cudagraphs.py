@@ -19,7 +19,7 @@ import torchfuse
 from torch._functorch.aot_autograd import make_boxed_func
 
 from torchfuse.pipeline import _reads_on_host
-from torchfuse.frontend.aot import aot_backend, mutated_inputs, saved_outputs_start
+from torchfuse.frontend.aot import aot_backend, mutated_inputs, saved_outputs_start, static_inputs
 from torchfuse.runtime.cudagraphs import MAX_LAYOUTS, CudaGraphRunner, GraphIO
 
 
@@ -201,6 +201,21 @@ def test_a_static_input_that_moves_runs_default_then_is_recorded_again_as_copied
     assert stats["recorded"] == 2
 
 
+def test_a_batch_at_the_warm_ups_address_is_copied_when_aot_names_the_parameters():
+    """The caching allocator often gives each step's fresh batch the same address; known
+    parameter positions keep that batch from being recorded as static (and then moving)."""
+    run, stats = runner(scale_add, GraphIO(static_inputs=frozenset({1})))
+    x, w = torch.randn(4), torch.randn(4)
+    run([x, w])
+    run([x, w])  # x at the warm-up's address, yet not a parameter: copied
+    recording = run.layouts[()].recording
+    assert set(recording.copied) == {0} and set(recording.static_ptrs) == {1}
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(run([x, w])[0], x * w)
+    assert stats["recorded"] == 1 and stats["replayed"] == 4, stats
+
+
 def test_one_recording_per_input_shape_and_a_limit():
     run, stats = runner(lambda x: (x + 1,), shape_generic=True)
     for n in range(1, MAX_LAYOUTS + 3):
@@ -258,6 +273,28 @@ def test_forward_graphs_know_where_their_saved_outputs_start():
     start, outputs = seen["forward"]
     assert start == 1 and outputs > 1  # the loss, then what the backward needs
     assert seen["backward"][0] is None
+
+
+def test_forward_and_inference_graphs_know_their_parameters():
+    seen = {}
+
+    def compile_graph(gm, example_inputs, kind):
+        seen[kind] = (static_inputs(kind, len(example_inputs)), [tuple(x.shape) for x in example_inputs])
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    backend = aot_backend(compile_graph, lambda gm, error=None: gm.forward, strict=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16))
+    compiled = torch.compile(model, backend=backend)
+    compiled(torch.randn(5, 8)).sum().backward()
+    model.eval()
+    with torch.no_grad():
+        compiled(torch.randn(5, 8))
+    for kind in ("forward", "inference"):
+        static, shapes = seen[kind]
+        batch = shapes.index((5, 8))
+        assert batch not in static and len(static) == len(shapes) - 1, (kind, static, shapes)
+    assert seen["backward"][0] is None  # its metadata describes the forward's inputs
 
 
 def test_reduce_overhead_on_cpu_says_why_no_graphs_and_runs():

@@ -156,6 +156,20 @@ def saved_outputs_start(kind: str) -> int | None:
     return start if isinstance(start, int) else None
 
 
+def static_inputs(kind: str, num_inputs: int) -> frozenset[int] | None:
+    """In a forward or inference graph, the positions of inputs that stay at one address from
+    call to call: parameters and buffers, as Dynamo marked them (aot_autograd's
+    ``static_input_indices``). None when not known (a backward graph, whose metadata describes
+    its forward's inputs; a graph loaded from the warm cache)."""
+    if kind not in ("forward", "inference"):
+        return None
+    metadata = getattr(TracingContext.try_get(), "fw_metadata", None)
+    indices = getattr(metadata, "static_input_indices", None)
+    if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) and 0 <= i < num_inputs for i in indices):
+        return None
+    return frozenset(indices)
+
+
 def _is_dynamo_control_flow(error: Exception) -> bool:
     """Exceptions Dynamo uses to restart analysis (e.g. to re-trace with a float specialised):
     they are signals for Dynamo, not failures, and must reach it."""

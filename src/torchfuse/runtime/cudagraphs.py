@@ -4,11 +4,14 @@ layout, then replay them with one call instead of one host-side launch per kerne
 A replay reads and writes fixed addresses, so the runner keeps these promises:
 
 - **Inputs.** An input already at a stable address (a parameter, a buffer, a tensor saved by a
-  recorded forward graph) is read where it is: at record time it is static when the warm-up call
-  saw it at the same address or when it lives in memory a recording of ours returned. Every
-  other input is copied into a buffer the runner owns before each replay. A static input that
-  has moved runs that call on the default path; one that keeps moving is recorded again as a
-  copied input.
+  recorded forward graph) is read where it is: at record time it is static when aot_autograd
+  says it is a parameter or buffer (``GraphIO.static_inputs``) or when it lives in memory a
+  recording of ours returned; where aot_autograd does not say (backward graphs, graphs from
+  the warm cache), an input the warm-up call saw at the same address counts as static too.
+  Every other input is copied into a buffer the runner owns before each replay: a fresh batch
+  that the caching allocator happened to put at the warm-up's address is not mistaken for a
+  parameter. A static input that has moved runs that call on the default path; one that keeps
+  moving is recorded again as a copied input.
 - **Mutated inputs** (an in-place optimizer step, BatchNorm's running statistics): static ones are
   written in place by the replay; copied ones are copied back after it.
 - **Outputs** live in the recording's memory and the next replay overwrites them. Outputs a user
@@ -86,11 +89,13 @@ class GraphIO:
             backward (None: unknown, or not a forward graph; every output is then cloned).
         gradient_outputs: a backward graph: its outputs are gradients, which the user may keep
             across calls (aliases until a replay finds them alive, then clones).
+        static_inputs: positions of parameters and buffers (None: unknown, judged by address).
     """
 
     mutated_inputs: frozenset[int] = frozenset()
     saved_outputs_from: int | None = None
     gradient_outputs: bool = False
+    static_inputs: frozenset[int] | None = None
 
 
 @dataclass
@@ -257,7 +262,11 @@ class CudaGraphRunner:
         for i, value in enumerate(args):
             if not isinstance(value, torch.Tensor):
                 continue
-            stable = layout.warmup_ptrs.get(i) == value.data_ptr() or _storage_key(value) in self.pool_storages
+            if self.io.static_inputs is not None:
+                stable = i in self.io.static_inputs
+            else:
+                stable = layout.warmup_ptrs.get(i) == value.data_ptr()
+            stable = stable or _storage_key(value) in self.pool_storages
             if stable and i not in layout.always_copy:
                 static_ptrs[i] = value.data_ptr()
             else:
