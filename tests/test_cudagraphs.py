@@ -8,6 +8,7 @@ graphs through torchfuse.compile.
 from __future__ import annotations
 
 import collections
+import gc
 import warnings
 
 import pytest
@@ -20,7 +21,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from torchfuse.pipeline import _reads_on_host
 from torchfuse.frontend.aot import aot_backend, mutated_inputs, saved_outputs_start, static_inputs
-from torchfuse.runtime.cudagraphs import MAX_LAYOUTS, CudaGraphRunner, GraphIO
+from torchfuse.runtime.cudagraphs import ALIASED_OUTPUT_BYTES, MAX_LAYOUTS, CudaGraphRunner, GraphIO
 
 
 class StandInGraph:
@@ -103,6 +104,39 @@ def test_outputs_of_one_call_are_not_overwritten_by_the_next():
     run([torch.randn(6), w])
     for kept, value in zip(outputs, values):
         assert torch.equal(kept[0], value)
+
+
+def _big_and_small(x):
+    return (x * 2, x.sum())
+
+
+def test_large_outputs_are_handed_over_the_recording_and_guarded_before_a_replay_overwrites_them():
+    guarded = []
+    run, _ = runner(_big_and_small, access_guard=lambda storage, message: guarded.append((storage._cdata, message)))
+    n = ALIASED_OUTPUT_BYTES // 4  # float32 elements
+    run([torch.randn(n)])  # warm-up
+    x = torch.randn(n)
+    big, small = run([x])  # recorded and replayed
+    recording = run.layouts[()].recording
+    assert big.data_ptr() == recording.outputs[0].data_ptr()  # no copy of the large output
+    assert small.data_ptr() != recording.outputs[1].data_ptr()  # the small one is cloned
+    torch.testing.assert_close(big, x * 2, rtol=0, atol=0)
+    assert guarded == []
+    kept_storage = big.untyped_storage()._cdata
+    run([torch.randn(n)])  # this replay overwrites big's memory: its storage is guarded first
+    assert [cdata for cdata, _ in guarded] == [kept_storage] and "clone" in guarded[0][1]
+    assert recording.outputs[0].untyped_storage()._cdata != kept_storage  # ours stays readable
+
+
+def test_outputs_over_a_dropped_recording_are_guarded():
+    guarded = []
+    run, _ = runner(_big_and_small, access_guard=lambda storage, message: guarded.append(storage._cdata))
+    n = ALIASED_OUTPUT_BYTES // 4
+    run([torch.randn(n)])
+    big, _ = run([torch.randn(n)])
+    del run
+    gc.collect()
+    assert guarded == [big.untyped_storage()._cdata]
 
 
 def test_mutated_copied_input_is_written_back():
@@ -411,6 +445,25 @@ def test_outputs_kept_across_calls_and_new_shapes_with_dynamic():
         torch.testing.assert_close(out, ref)
     counts = _graph_counts()
     assert counts["recorded"] == 2 and counts["replayed"] >= 3, counts
+
+
+@cuda
+@pytest.mark.gpu
+def test_a_large_output_kept_across_calls_raises_a_clear_error_and_clones_stay_right():
+    torchfuse.reset()
+    compiled = torchfuse.compile(lambda x: (torch.tanh(x) * 3, x.sum()), mode="reduce-overhead")
+    n = ALIASED_OUTPUT_BYTES // 4
+    xs = [torch.randn(n, device="cuda") for _ in range(4)]
+    results = [compiled(x) for x in xs]  # warm-up, record, replay, replay
+    cloned = compiled(xs[0])[0].clone()
+    last, _ = results[-1]
+    with pytest.raises(RuntimeError, match="clone outputs you keep across calls"):
+        last[:10].sum().item()  # overwritten by the call above: a view of it raises too
+    for x, (_, total) in zip(xs, results):  # small outputs are copies: all still right
+        torch.testing.assert_close(total, x.sum())
+    torch.testing.assert_close(cloned, torch.tanh(xs[0]) * 3)
+    fresh, _ = compiled(xs[1])
+    torch.testing.assert_close(fresh, torch.tanh(xs[1]) * 3)  # the newest output reads fine
 
 
 @cuda

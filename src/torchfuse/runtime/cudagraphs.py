@@ -15,7 +15,13 @@ A replay reads and writes fixed addresses, so the runner keeps these promises:
 - **Mutated inputs** (an in-place optimizer step, BatchNorm's running statistics): static ones are
   written in place by the replay; copied ones are copied back after it.
 - **Outputs** live in the recording's memory and the next replay overwrites them. Outputs a user
-  sees are cloned. Outputs a forward graph saves for its backward are handed out as aliases,
+  sees are cloned when small (under ``ALIASED_OUTPUT_BYTES``: a loss kept in a list for later
+  costs nothing to copy). Large ones (a language model's logits) are handed out over the
+  recording's memory, each on a storage of its own; right before the next replay overwrites
+  that memory, those storages are made to raise, on any read or write through them or their
+  views, an error that says to clone outputs kept across calls (``STALE_OUTPUT``): never
+  silently stale data, and no copy in the common loop that drops each output before the
+  next call. Outputs a forward graph saves for its backward are handed out as aliases,
   and a replay that would overwrite ones still alive (a second forward before the first's
   backward) runs on the default path instead: never silently stale data. A backward graph's
   outputs (gradients, which end up in ``.grad``) are aliases too while the user drops them
@@ -35,6 +41,7 @@ Where graphs cannot be used, the call runs the default path and the reason is co
 from __future__ import annotations
 
 import collections
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -43,6 +50,13 @@ import torch
 MAX_LAYOUTS = 8  # recorded input layouts (shapes) per graph; others run the default path
 MAX_RECORDINGS = 3  # recordings of one layout (static inputs that moved); then give up on it
 MOVES_BEFORE_RERECORD = 2  # calls with a moved static input before that input becomes copied
+# User outputs this large are handed out over the recording's memory (guarded), smaller ones
+# cloned: below it a copy costs less than the launch it needs, and keeping small outputs across
+# calls (losses in a list) stays legal.
+ALIASED_OUTPUT_BYTES = 16 * 2**20
+STALE_OUTPUT = ("this tensor is an output of a CUDA graph replay (torchfuse mode='reduce-overhead') that a "
+                "later call of the compiled function has overwritten; clone outputs you keep across calls "
+                "(out = compiled(x).clone()), or compile with mode='default'")
 
 Boxed = Callable[[list], Any]  # a compiled graph: takes its argument list (and clears it)
 
@@ -56,6 +70,19 @@ class Recorder(Protocol):
     outputs. Must not keep ``inputs``: a reference would keep a forward's saved tensors alive."""
 
     def record(self, run: Boxed, inputs: list) -> tuple[Replayable, Sequence[Any]]: ...
+
+
+def forbid_access(storage: torch.UntypedStorage, message: str) -> None:
+    """Make every later read or write of ``storage`` (through any tensor or view) raise
+    ``message``: ATen's guard for CUDA storages (the one Inductor's CUDA graphs use)."""
+    torch._C._set_storage_data_ptr_access_error_msg(storage._cdata, message)
+
+
+# How outputs that a replay overwrites are guarded: None where this torch build cannot (then
+# user outputs are always cloned).
+CUDA_ACCESS_GUARD: Callable[[torch.UntypedStorage, str], None] | None = (
+    forbid_access if hasattr(torch._C, "_set_storage_data_ptr_access_error_msg")
+    and hasattr(torch._C, "_construct_storage_from_data_pointer") else None)
 
 
 class TorchCudaGraphs:
@@ -107,6 +134,8 @@ class _Recording:
     handed_out: frozenset[int]  # positions of outputs returned as aliases (not cloned)
     storage_refs: dict[int, int]  # alias storages -> use count with no alias alive
     moves: collections.Counter = field(default_factory=collections.Counter)  # static inputs that moved
+    guarded: frozenset[int] = frozenset()  # user outputs handed out over our memory, guarded
+    handed_storages: list = field(default_factory=list)  # their storages from the last replay
 
 
 @dataclass
@@ -134,11 +163,14 @@ class CudaGraphRunner:
             process, so a backward graph reads its forward's saved tensors where they are).
         device_type: the device whose tensors can be recorded ("cuda"; tests record CPU tensors
             with a stand-in recorder).
+        access_guard: makes a storage raise a message on access (``forbid_access`` on CUDA;
+            None: clone every user output).
     """
 
     def __init__(self, run_default: Boxed, io: GraphIO, stats: collections.Counter,
                  recorder: Recorder | None = None, shape_generic: bool = False,
-                 pool_storages: set[int] | None = None, device_type: str = "cuda") -> None:
+                 pool_storages: set[int] | None = None, device_type: str = "cuda",
+                 access_guard: Callable[[torch.UntypedStorage, str], None] | None = CUDA_ACCESS_GUARD) -> None:
         self.run_default = run_default
         self.io = io
         self.stats = stats
@@ -146,6 +178,7 @@ class CudaGraphRunner:
         self.shape_generic = shape_generic
         self.pool_storages = RECORDED_STORAGES if pool_storages is None else pool_storages
         self.device_type = device_type
+        self.access_guard = access_guard
         self.layouts: dict[tuple, _Layout] = {}
 
     def __call__(self, args: list) -> Any:
@@ -193,6 +226,7 @@ class CudaGraphRunner:
         recording.moves.clear()  # only moves in consecutive calls lead to a new recording
         for i, buffer in recording.copied.items():
             buffer.copy_(args[i])
+        _expire(recording.handed_storages, self.access_guard)  # the replay overwrites them
         recording.replayable.replay()
         self.stats["replayed"] += 1
         return self._finish(recording, args)
@@ -214,9 +248,16 @@ class CudaGraphRunner:
             if i in recording.copied:
                 args[i].copy_(recording.copied[i])
         args.clear()
-        handed = recording.handed_out
-        return [_alias(out) if position in handed else _clone(out)
-                for position, out in enumerate(recording.outputs)]
+        handed, guarded = recording.handed_out, recording.guarded
+        results = []
+        for position, out in enumerate(recording.outputs):
+            if position in handed:
+                results.append(_alias(out))
+            elif position in guarded:
+                results.append(_over_own_storage(out, recording.handed_storages))
+            else:
+                results.append(_clone(out))
+        return results
 
     # -- recording --------------------------------------------------------------------------
     def _record_and_run(self, layout: _Layout, args: list) -> Any:
@@ -224,6 +265,7 @@ class CudaGraphRunner:
         if layout.refused:
             return self._default(args, layout.refused)
         static_ptrs, copied, inputs = self._static_and_copied(layout, args)
+        input_storages = {_storage_key(v) for v in inputs if isinstance(v, torch.Tensor)}
         try:
             replayable, outputs = self.recorder.record(self.run_default, inputs)
         except Exception as error:  # noqa: BLE001 - e.g. a sync (.item(), nonzero) inside the graph
@@ -233,7 +275,11 @@ class CudaGraphRunner:
         layout.recordings_made += 1
         self.stats["recorded"] += 1
         handed_out = frozenset() if layout.clone_outputs else self._aliased_outputs(outputs, copied)
-        recording = _Recording(replayable, static_ptrs, copied, list(outputs), handed_out, {})
+        recording = _Recording(replayable, static_ptrs, copied, list(outputs), handed_out, {},
+                               guarded=self._guarded_outputs(outputs, handed_out, input_storages))
+        # However the recording goes (recorded again, the runner deleted), outputs still held
+        # over its memory must not read it afterwards.
+        weakref.finalize(recording, _expire, recording.handed_storages, self.access_guard)
         recording.storage_refs = {_storage_key(outputs[i]): _use_count(outputs[i]) for i in handed_out}
         self.pool_storages.update(_storage_key(o) for o in outputs if isinstance(o, torch.Tensor))
         layout.recording = recording
@@ -272,6 +318,17 @@ class CudaGraphRunner:
             else:
                 copied[i] = inputs[i] = _clone(value)
         return static_ptrs, copied, inputs
+
+    def _guarded_outputs(self, outputs: Sequence[Any], handed_out: frozenset[int],
+                         input_storages: set[int]) -> frozenset[int]:
+        """Positions of user outputs handed out over the recording's memory: large, and in
+        memory the recording allocated (not an input's, which the runner does not own)."""
+        if self.access_guard is None:
+            return frozenset()
+        return frozenset(i for i, out in enumerate(outputs)
+                         if i not in handed_out and isinstance(out, torch.Tensor)
+                         and out.untyped_storage().nbytes() >= ALIASED_OUTPUT_BYTES
+                         and _storage_key(out) not in input_storages)
 
     def _aliased_outputs(self, outputs: Sequence[Any], copied: dict[int, torch.Tensor]) -> frozenset[int]:
         """Positions of outputs handed out as aliases: tensors a forward graph saves for its
@@ -315,6 +372,22 @@ def _aliases_alive(recording: _Recording) -> bool:
         if _use_count(out) > recording.storage_refs[_storage_key(out)]:
             return True
     return False
+
+
+def _over_own_storage(out: torch.Tensor, handed: list) -> torch.Tensor:
+    """``out``'s memory seen through a storage object of its own (which does not own the
+    memory), so that guarding it later leaves ``out`` and later outputs readable."""
+    storage = out.untyped_storage()
+    own = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), out.device, storage.nbytes())
+    handed.append(own)
+    return torch.empty(0, dtype=out.dtype, device=out.device).set_(own, out.storage_offset(), out.shape, out.stride())
+
+
+def _expire(handed: list, access_guard: Callable[[torch.UntypedStorage, str], None] | None) -> None:
+    """Guard the storages of outputs handed out over memory about to be overwritten or freed."""
+    for storage in handed:
+        access_guard(storage, STALE_OUTPUT)
+    handed.clear()
 
 
 def _alias(value: Any) -> Any:
