@@ -132,7 +132,9 @@ class _Recording:
     copied: dict[int, torch.Tensor]  # input position -> the runner's buffer
     outputs: list[Any]  # the recording's outputs (static tensors and constants)
     handed_out: frozenset[int]  # positions of outputs returned as aliases (not cloned)
-    storage_refs: dict[int, int]  # alias storages -> use count with no alias alive
+    # The storages of aliased outputs, each with its use count when no alias is alive (holding
+    # the storage objects makes the check one call a storage: graphs save hundreds of tensors).
+    alias_storages: list[tuple[torch.UntypedStorage, int]]
     moves: collections.Counter = field(default_factory=collections.Counter)  # static inputs that moved
     guarded: frozenset[int] = frozenset()  # user outputs handed out over our memory, guarded
     handed_storages: list = field(default_factory=list)  # their storages from the last replay
@@ -249,15 +251,11 @@ class CudaGraphRunner:
                 args[i].copy_(recording.copied[i])
         args.clear()
         handed, guarded = recording.handed_out, recording.guarded
-        results = []
-        for position, out in enumerate(recording.outputs):
-            if position in handed:
-                results.append(_alias(out))
-            elif position in guarded:
-                results.append(_over_own_storage(out, recording.handed_storages))
-            else:
-                results.append(_clone(out))
-        return results
+        # Hundreds of saved tensors a call: aliases are detached inline.
+        return [out.detach() if position in handed
+                else _over_own_storage(out, recording.handed_storages) if position in guarded
+                else _clone(out)
+                for position, out in enumerate(recording.outputs)]
 
     # -- recording --------------------------------------------------------------------------
     def _record_and_run(self, layout: _Layout, args: list) -> Any:
@@ -275,12 +273,13 @@ class CudaGraphRunner:
         layout.recordings_made += 1
         self.stats["recorded"] += 1
         handed_out = frozenset() if layout.clone_outputs else self._aliased_outputs(outputs, copied)
-        recording = _Recording(replayable, static_ptrs, copied, list(outputs), handed_out, {},
+        recording = _Recording(replayable, static_ptrs, copied, list(outputs), handed_out, [],
                                guarded=self._guarded_outputs(outputs, handed_out, input_storages))
         # However the recording goes (recorded again, the runner deleted), outputs still held
         # over its memory must not read it afterwards.
         weakref.finalize(recording, _expire, recording.handed_storages, self.access_guard)
-        recording.storage_refs = {_storage_key(outputs[i]): _use_count(outputs[i]) for i in handed_out}
+        storages = {_storage_key(outputs[i]): outputs[i].untyped_storage() for i in handed_out}
+        recording.alias_storages = [(storage, _storage_use_count(storage)) for storage in storages.values()]
         self.pool_storages.update(_storage_key(o) for o in outputs if isinstance(o, torch.Tensor))
         layout.recording = recording
         for i, buffer in copied.items():  # this call's values (the recording did not run them)
@@ -359,19 +358,15 @@ def _storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
-def _use_count(tensor: torch.Tensor) -> int:
-    """References to the tensor's storage (measured the same way each time: the temporary
-    storage object adds one)."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+def _storage_use_count(storage: torch.UntypedStorage) -> int:
+    """References to ``storage`` (tensors and views over it, and storage objects like this one)."""
+    return torch._C._storage_Use_Count(storage._cdata)
 
 
 def _aliases_alive(recording: _Recording) -> bool:
     """Is an alias handed out by the previous replay (or a view of it) still alive?"""
-    for position in recording.handed_out:
-        out = recording.outputs[position]
-        if _use_count(out) > recording.storage_refs[_storage_key(out)]:
-            return True
-    return False
+    use_count = torch._C._storage_Use_Count
+    return any(use_count(storage._cdata) > alone for storage, alone in recording.alias_storages)
 
 
 def _over_own_storage(out: torch.Tensor, handed: list) -> torch.Tensor:
@@ -388,10 +383,6 @@ def _expire(handed: list, access_guard: Callable[[torch.UntypedStorage, str], No
     for storage in handed:
         access_guard(storage, STALE_OUTPUT)
     handed.clear()
-
-
-def _alias(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 def _clone(value: Any) -> Any:
