@@ -20,7 +20,8 @@ import torchfuse
 from torch._functorch.aot_autograd import make_boxed_func
 
 from torchfuse.pipeline import _reads_on_host
-from torchfuse.frontend.aot import aot_backend, mutated_inputs, saved_outputs_start, static_inputs
+from torchfuse.frontend.aot import (aot_backend, incoming_gradients, mutated_inputs, saved_outputs_start,
+                                    static_inputs)
 from torchfuse.runtime.cudagraphs import ALIASED_OUTPUT_BYTES, MAX_LAYOUTS, CudaGraphRunner, GraphIO
 
 
@@ -238,16 +239,17 @@ def test_a_static_input_that_moves_runs_default_then_is_recorded_again_as_copied
 def test_a_batch_at_the_warm_ups_address_is_copied_when_aot_names_the_parameters():
     """The caching allocator often gives each step's fresh batch the same address; known
     parameter positions keep that batch from being recorded as static (and then moving)."""
-    run, stats = runner(scale_add, GraphIO(static_inputs=frozenset({1})))
-    x, w = torch.randn(4), torch.randn(4)
-    run([x, w])
-    run([x, w])  # x at the warm-up's address, yet not a parameter: copied
-    recording = run.layouts[()].recording
-    assert set(recording.copied) == {0} and set(recording.static_ptrs) == {1}
-    for _ in range(3):
-        x = torch.randn(4)
-        torch.testing.assert_close(run([x, w])[0], x * w)
-    assert stats["recorded"] == 1 and stats["replayed"] == 4, stats
+    for io in (GraphIO(static_inputs=frozenset({1})), GraphIO(fresh_inputs=frozenset({0}))):
+        run, stats = runner(scale_add, io)
+        x, w = torch.randn(4), torch.randn(4)
+        run([x, w])
+        run([x, w])  # x at the warm-up's address, yet not a parameter: copied
+        recording = run.layouts[()].recording
+        assert set(recording.copied) == {0} and set(recording.static_ptrs) == {1}
+        for _ in range(3):
+            x = torch.randn(4)
+            torch.testing.assert_close(run([x, w])[0], x * w)
+        assert stats["recorded"] == 1 and stats["replayed"] == 4, stats
 
 
 def test_one_recording_per_input_shape_and_a_limit():
@@ -331,6 +333,23 @@ def test_forward_and_inference_graphs_know_their_parameters():
     assert seen["backward"][0] is None  # its metadata describes the forward's inputs
 
 
+def test_backward_graphs_know_their_incoming_gradients():
+    seen = {}
+
+    def compile_graph(gm, example_inputs, kind):
+        seen[kind] = (incoming_gradients(gm, kind), [tuple(x.shape) for x in example_inputs])
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    backend = aot_backend(compile_graph, lambda gm, error=None: gm.forward, strict=True)
+    w = torch.randn(8, 3, requires_grad=True)
+    out = torch.compile(lambda x: (x @ w).tanh(), backend=backend)(torch.randn(5, 8))
+    out.backward(torch.randn(5, 3))
+    fresh, shapes = seen["backward"]
+    assert [shapes[i] for i in fresh] == [(5, 3)]  # the gradient of the output, nothing saved
+    assert seen["forward"][0] == frozenset()
+
+
 def test_reduce_overhead_on_cpu_says_why_no_graphs_and_runs():
     torchfuse.reset()
 
@@ -382,7 +401,7 @@ class _Net(torch.nn.Module):
         return self.fc2(self.drop(torch.relu(self.norm(self.fc1(x)))))
 
 
-def _train(mode: str, steps: int, seed: int = 0, set_to_none: bool = True):
+def _train(mode: str, steps: int, set_to_none: bool = True, micro_batches: int = 1, seed: int = 0):
     torch.manual_seed(seed)
     model = _Net().cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -390,13 +409,14 @@ def _train(mode: str, steps: int, seed: int = 0, set_to_none: bool = True):
     data = torch.Generator(device="cuda").manual_seed(1)
     losses = []
     for _ in range(steps):
-        x = torch.randn(32, 64, device="cuda", generator=data)
-        y = torch.randint(0, 10, (32,), device="cuda", generator=data)
-        loss = torch.nn.functional.cross_entropy(compiled(x), y)
         optimizer.zero_grad(set_to_none=set_to_none)
-        loss.backward()
+        for _ in range(micro_batches):  # more than one: gradients accumulate in .grad
+            x = torch.randn(32, 64, device="cuda", generator=data)
+            y = torch.randint(0, 10, (32,), device="cuda", generator=data)
+            loss = torch.nn.functional.cross_entropy(compiled(x), y)
+            loss.backward()
+            losses.append(loss.detach())
         optimizer.step()
-        losses.append(loss.detach())
     return torch.stack(losses), model
 
 
@@ -416,16 +436,22 @@ def test_training_loop_with_dropout_batchnorm_and_optimizer_matches_default_mode
 
 @cuda
 @pytest.mark.gpu
-def test_gradients_zeroed_in_place_keep_the_training_loop_exact():
-    """``zero_grad(set_to_none=False)`` keeps ``.grad`` (the first replay's gradients, in the
-    recording's memory) across steps: the backward is recorded again with cloned outputs, and
-    every loss and weight equals default mode's."""
+@pytest.mark.parametrize("set_to_none,micro_batches", [(False, 1), (True, 2)])
+def test_gradients_kept_across_backwards_keep_the_training_loop_exact(set_to_none, micro_batches):
+    """``zero_grad(set_to_none=False)``: ``.grad`` is the warm-up's memory, and each replay's
+    gradients are added into it. Gradient accumulation: the first micro-batch's gradients (a
+    replay's memory, taken as ``.grad``) are alive at the second backward, which therefore runs
+    the default path and records again with cloned outputs. Every loss and weight equals
+    default mode's."""
     torchfuse.reset()
-    default_losses, default_model = _train("default", 6, set_to_none=False)
+    default_losses, default_model = _train("default", 6, set_to_none, micro_batches)
     torchfuse.reset()
-    graph_losses, graph_model = _train("reduce-overhead", 6, set_to_none=False)
+    graph_losses, graph_model = _train("reduce-overhead", 6, set_to_none, micro_batches)
     counts = _graph_counts()
-    assert any("gradients of the previous call are still in use" in reason for reason in counts), counts
+    if micro_batches > 1:
+        assert any("gradients of the previous call are still in use" in reason for reason in counts), counts
+    else:
+        assert not any("moved" in reason for reason in counts), counts
     assert torch.equal(graph_losses, default_losses)
     for a, b in zip(graph_model.state_dict().values(), default_model.state_dict().values()):
         assert torch.equal(a, b)

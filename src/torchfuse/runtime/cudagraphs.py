@@ -7,7 +7,8 @@ A replay reads and writes fixed addresses, so the runner keeps these promises:
   recorded forward graph) is read where it is: at record time it is static when aot_autograd
   says it is a parameter or buffer (``GraphIO.static_inputs``) or when it lives in memory a
   recording of ours returned; where aot_autograd does not say (backward graphs, graphs from
-  the warm cache), an input the warm-up call saw at the same address counts as static too.
+  the warm cache), an input the warm-up call saw at the same address counts as static too,
+  unless it is new on every call by construction (a backward's incoming gradients).
   Every other input is copied into a buffer the runner owns before each replay: a fresh batch
   that the caching allocator happened to put at the warm-up's address is not mistaken for a
   parameter. A static input that has moved runs that call on the default path; one that keeps
@@ -117,12 +118,15 @@ class GraphIO:
         gradient_outputs: a backward graph: its outputs are gradients, which the user may keep
             across calls (aliases until a replay finds them alive, then clones).
         static_inputs: positions of parameters and buffers (None: unknown, judged by address).
+        fresh_inputs: positions of inputs that are new tensors on every call (a backward's
+            incoming gradients): copied even when found at the warm-up's address.
     """
 
     mutated_inputs: frozenset[int] = frozenset()
     saved_outputs_from: int | None = None
     gradient_outputs: bool = False
     static_inputs: frozenset[int] | None = None
+    fresh_inputs: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -310,7 +314,7 @@ class CudaGraphRunner:
             if self.io.static_inputs is not None:
                 stable = i in self.io.static_inputs
             else:
-                stable = layout.warmup_ptrs.get(i) == value.data_ptr()
+                stable = i not in self.io.fresh_inputs and layout.warmup_ptrs.get(i) == value.data_ptr()
             stable = stable or _storage_key(value) in self.pool_storages
             if stable and i not in layout.always_copy:
                 static_ptrs[i] = value.data_ptr()
