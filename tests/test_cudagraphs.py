@@ -73,7 +73,7 @@ def scale_add(x, w):
 
 
 def test_warm_up_then_record_then_replay_with_new_input_values():
-    run, stats = runner(scale_add)
+    run, stats = runner(scale_add, GraphIO(static_inputs=frozenset({1})))  # w is the parameter
     w = torch.randn(5, dtype=torch.float64)
     for step in range(5):
         x = torch.randn(5, dtype=torch.float64)  # a new tensor each call: copied in
@@ -82,6 +82,7 @@ def test_warm_up_then_record_then_replay_with_new_input_values():
         torch.testing.assert_close(out[1], x + w, rtol=0, atol=0)
     assert stats["default path: warm-up (first call of an input shape)"] == 1
     assert stats["recorded"] == 1 and stats["replayed"] == 4
+    assert set(run.layouts[()].recording.copied) == {0}
 
 
 def test_a_static_input_changed_in_place_is_read_at_replay():
@@ -113,7 +114,8 @@ def _big_and_small(x):
 
 def test_large_outputs_are_handed_over_the_recording_and_guarded_before_a_replay_overwrites_them():
     guarded = []
-    run, _ = runner(_big_and_small, access_guard=lambda storage, message: guarded.append((storage._cdata, message)))
+    run, _ = runner(_big_and_small, GraphIO(static_inputs=frozenset()),  # x is a new batch each call
+                    access_guard=lambda storage, message: guarded.append((storage._cdata, message)))
     n = ALIASED_OUTPUT_BYTES // 4  # float32 elements
     run([torch.randn(n)])  # warm-up
     x = torch.randn(n)
@@ -131,7 +133,8 @@ def test_large_outputs_are_handed_over_the_recording_and_guarded_before_a_replay
 
 def test_outputs_over_a_dropped_recording_are_guarded():
     guarded = []
-    run, _ = runner(_big_and_small, access_guard=lambda storage, message: guarded.append(storage._cdata))
+    run, _ = runner(_big_and_small, GraphIO(static_inputs=frozenset()),
+                    access_guard=lambda storage, message: guarded.append(storage._cdata))
     n = ALIASED_OUTPUT_BYTES // 4
     run([torch.randn(n)])
     big, _ = run([torch.randn(n)])
