@@ -9,14 +9,21 @@ CPU (C++) and why CUDA graphs would be refused. That is the question "can this m
 CUDA graphs at all?", answered before spending device time.
 
     python scripts/fake_cuda_graphs.py --cases t5_train,mistral_train
+    python scripts/fake_cuda_graphs.py --cases swin_t_train --full --sources /tmp/swin
 
-Needs the case's model library (transformers for the HF cases). Limits: the CPU trace is the
-CPU's: autocast follows CPU rules and attention takes the CPU's SDPA path.
+``--full`` builds the bench's size (the CPU runs one real step of it: minutes, gigabytes);
+``--sources DIR`` writes each GPU kernel's source, headed by the bytes it reads and writes,
+largest first (kernel names are digests of their source, so a name from a GPU profile finds
+its file when the CPU trace matches the GPU's). Needs the case's model library
+(transformers for the HF cases). Limits: the CPU trace is the CPU's: autocast follows CPU
+rules and attention takes the CPU's SDPA path.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +40,7 @@ from torchfuse.pipeline import compile_graph, run_captured
 CUDA = torch.device("cuda")
 
 
-def capture(case_name: str) -> list[tuple[str, torch.fx.GraphModule, list[Any]]]:
+def capture(case_name: str, quick: bool = True) -> list[tuple[str, torch.fx.GraphModule, list[Any]]]:
     """The ATen graphs (kind, graph, example inputs) of one step of the case, traced on the CPU."""
     (case,) = suites.select("models", torch.device("cuda"), {case_name})
     graphs = []
@@ -43,7 +50,7 @@ def capture(case_name: str) -> list[tuple[str, torch.fx.GraphModule, list[Any]]]
         return make_boxed_func(gm.forward)
 
     backend = aot_backend(keep, run_captured, strict=True)
-    workload = case.build(torch.device("cpu"), True)
+    workload = case.build(torch.device("cpu"), quick)
     step = workload.make_step(lambda model: torch.compile(model, backend=backend))
     step()
     return graphs
@@ -65,11 +72,13 @@ def on_fake_cuda(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[torch.fx.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", required=True, help="comma-separated bench case names")
+    parser.add_argument("--full", action="store_true", help="the bench's size, not the quick one")
+    parser.add_argument("--sources", type=Path, help="write GPU kernel sources here")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     options = Options.from_user({"strict": True}, "reduce-overhead")
     for name in args.cases.split(","):
-        for kind, gm, inputs in capture(name):
+        for kind, gm, inputs in capture(name, quick=not args.full):
             try:
                 compile_graph(*on_fake_cuda(gm, inputs), kind, options)
             except Exception as error:  # noqa: BLE001 - e.g. a CPU tensor constant read by a CUDA op
@@ -83,6 +92,22 @@ def main() -> None:
                 print(f"    CPU kernel {kernel.name}: {', '.join(kernel.ops)}")
             for note in graph.device_notes:
                 print(f"    {note}")
+            if args.sources:
+                write_sources(args.sources / f"{name}_{kind}", graph.kernels)
+
+
+def write_sources(folder: Path, kernels: list) -> None:
+    """Each generated kernel's source, headed by its traffic; an index, largest first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sized = [(k, (k.bytes_read or 0) + (k.bytes_written or 0)) for k in kernels if k.source and k.kind != "extern"]
+    lines = []
+    for kernel, moved in sorted(sized, key=lambda pair: -pair[1]):
+        names = re.findall(r"^def (\w+)\(", kernel.source, re.MULTILINE)  # as a GPU profile names it
+        name = names[-1] if names else kernel.name
+        lines.append(f"{moved / 1e6:10.1f} MB  {name}  {kernel.name}  {', '.join(kernel.ops)[:100]}")
+        accesses = [f"# reads  {a}" for a in kernel.reads] + [f"# writes {a}" for a in kernel.writes]
+        (folder / f"{name}.py").write_text("\n".join(accesses) + "\n" + kernel.source)
+    (folder / "index.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
