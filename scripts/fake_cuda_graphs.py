@@ -12,6 +12,7 @@ CUDA graphs at all?", answered before spending device time.
     python scripts/fake_cuda_graphs.py --cases swin_t_train --full --sources /tmp/swin
 
 ``--full`` builds the bench's size (the CPU runs one real step of it: minutes, gigabytes);
+``--torchvision-stand-in`` lets timm's models build without a working torchvision;
 ``--sources DIR`` writes each GPU kernel's source, headed by the bytes it reads and writes,
 largest first (kernel names are digests of their source, so a name from a GPU profile finds
 its file when the CPU trace matches the GPU's). Needs the case's model library
@@ -74,7 +75,11 @@ def main() -> None:
     parser.add_argument("--cases", required=True, help="comma-separated bench case names")
     parser.add_argument("--full", action="store_true", help="the bench's size, not the quick one")
     parser.add_argument("--sources", type=Path, help="write GPU kernel sources here")
+    parser.add_argument("--torchvision-stand-in", action="store_true",
+                        help="import timm without torchvision (scripts/torchvision_stand_in.py)")
     args = parser.parse_args()
+    if args.torchvision_stand_in:
+        import torchvision_stand_in  # noqa: F401 - installs itself; this script's folder is on sys.path
     warnings.filterwarnings("ignore")
     options = Options.from_user({"strict": True}, "reduce-overhead")
     for name in args.cases.split(","):
