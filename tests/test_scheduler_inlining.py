@@ -211,6 +211,37 @@ def test_broadcast_transcendental_table_is_stored_not_recomputed(target):
     assert len(kernels()) == 1, [(k.name, k.ops) for k in kernels()]
 
 
+def window_attention_softmax(scores: torch.Tensor, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Swin's relative-position bias: a [H, N, N] gather from a [M, H] table, added to the
+    [B, H, N, N] scores of every window before the softmax."""
+    n = index.shape[0]
+    bias = table[index.view(-1)].view(n, n, -1).permute(2, 0, 1)
+    return torch.softmax(scores + bias.unsqueeze(0), -1)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("target", TARGETS)
+def test_broadcast_gather_is_stored_not_repeated_per_reader_element(target):
+    """The bias is gathered once into a table; the softmax over the scores reads it directly,
+    with no index load. An embedding gather read at its own size stays inlined."""
+    w, heads = 3, 3  # a 3x3 window: 9 tokens
+    coords = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(w), indexing="ij")).flatten(1)
+    offsets = (coords[:, :, None] - coords[:, None, :] + w - 1).permute(1, 2, 0)
+    index = (offsets[..., 0] * (2 * w - 1) + offsets[..., 1]).contiguous()  # [9, 9] rows of the table
+    n = w * w
+    scores, table = fresh_input(16, heads, n, n), fresh_input((2 * w - 1) ** 2, heads)
+    check(window_attention_softmax, scores, table, index, target=target)
+    softmax = [k for k in kernels() if k.kind == "reduction"]
+    gathers = [k for k in kernels() if k.kind == "pointwise"]
+    assert len(softmax) == 1 and len(gathers) == 1, [(k.name, k.ops) for k in kernels()]
+    assert "index" not in {a.name.split("_")[0] for a in softmax[0].reads}, softmax[0].reads
+    assert max(a.bytes for a in gathers[0].writes) == heads * n * n * 4
+    torchfuse.reset()
+    ids, weight = torch.randint(0, 50, (4, 9)), fresh_input(50, 16)
+    check(lambda i, w: torch.nn.functional.embedding(i, w) * 2, ids, weight, target=target)
+    assert len(kernels()) == 1, [(k.name, k.ops) for k in kernels()]
+
+
 # -- IR: hashing, equality, transform ------------------------------------------------------
 
 def doubling_dag(depth: int, leaf: float = 1.0) -> Op:

@@ -26,6 +26,13 @@ TRANSCENDENTAL_OPS = frozenset(
     "erf erfc erfinv lgamma".split())
 # Store such a table when a reader runs over at least this many times its elements.
 BROADCAST_REUSE = 8
+# Gathers (a load at an index read from memory) are stored under the same rule: Swin's window
+# attention read its relative-position bias, a [3, 49, 49] gather from a [169, 3] table, over
+# [2048, 3, 49, 49] scores, i.e. an int64 index, a gathered float32 and the shift mask for each
+# score (~16 bytes of cache reads beside 6 of memory traffic); its softmax-backward kernels ran
+# at 44-47% of copy bandwidth on the H100. Stored, a reader loads one float32 from a small table.
+# Floating-point values only: attention masks gather integer positions into [B, 1, S, 1]
+# tables whose readers are small; storing those cost a launch a graph for nothing.
 
 
 @dataclass(frozen=True)
@@ -49,10 +56,13 @@ def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
         return FusionDecision.yes("read by an ATen call")
     if ctx.read_on_other_device:
         return FusionDecision.yes("read by a kernel on another device")
-    if (ctx.elements and ctx.reader_elements and ctx.reader_elements >= BROADCAST_REUSE * ctx.elements
-            and any(isinstance(e, Op) and e.name in TRANSCENDENTAL_OPS for e in walk(node.body))):
-        return FusionDecision.yes(f"transcendental calls on {ctx.elements} elements that a reader would "
-                                  f"recompute over {ctx.reader_elements}")
+    if ctx.elements and ctx.reader_elements and ctx.reader_elements >= BROADCAST_REUSE * ctx.elements:
+        if any(isinstance(e, Op) and e.name in TRANSCENDENTAL_OPS for e in walk(node.body)):
+            return FusionDecision.yes(f"transcendental calls on {ctx.elements} elements that a reader would "
+                                      f"recompute over {ctx.reader_elements}")
+        if node.dtype.is_floating_point and any(load.is_indirect for load in loads(node.body)):
+            return FusionDecision.yes(f"a gather of {ctx.elements} elements that a reader would repeat "
+                                      f"over {ctx.reader_elements}")
     if ctx.reader_count > 1:
         ops, reads = count_ops(node.body), len(loads(node.body))
         if ops > MAX_RECOMPUTED_OPS or reads > MAX_RECOMPUTED_LOADS:
