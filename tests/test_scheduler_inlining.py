@@ -362,3 +362,45 @@ def test_the_byte_rule_reads_each_body_once(monkeypatch):
     monkeypatch.setattr(scheduling, "read_buffers", counted)
     schedule(graph)
     assert calls <= 4 * len(graph.nodes), (calls, len(graph.nodes))
+
+
+def relu_batch_norm_backward(out, grad, x, mean, rstd, weight):
+    """A batch norm's backward under a ReLU: both sums and the input gradient read the ReLU's
+    gradient ``where(out <= 0, 0, grad)``."""
+    relu_grad = torch.where(out <= 0, 0, grad)
+    return torch.ops.aten.native_batch_norm_backward(relu_grad, x, weight, None, None, mean, rstd, True, 1e-5,
+                                                     [True, True, True])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("target", TARGETS)
+def test_sums_sharing_a_loop_count_as_one_reader(target, monkeypatch):
+    """The batch norm's two sums run in one loop (split in two stages here, as at MobileNetV3's
+    sizes), so the ReLU gradient has two readers, not three: recomputing it from ``out`` and
+    ``grad`` in both beats storing it and reading it back. The only full-size write left is
+    the input gradient."""
+    from torchfuse.codegen.triton import split
+
+    monkeypatch.setattr(split, "POLICY", split.SplitPolicy(min_elements=256, min_programs=64, target_programs=8,
+                                                           min_program_elements=32, outer_lanes=4))
+    shape = (4, 6, 9, 7)
+    out, grad, x = (fresh_input(*shape).contiguous(memory_format=torch.channels_last) for _ in range(3))
+    mean, rstd, weight = fresh_input(6), fresh_input(6).abs() + 0.5, fresh_input(6)
+    check(relu_batch_norm_backward, out, grad, x, mean, rstd, weight, target=target)
+    full_size = x.numel() * x.element_size()
+    writers = [k for k in kernels() if any(a.bytes >= full_size for a in k.writes)]
+    assert len(writers) == 1, [(k.name, k.ops) for k in writers]
+    assert any(k.kind == "reduction" and "aten.where.self" in k.ops for k in kernels()), [(k.name, k.ops) for k in kernels()]
+
+
+@pytest.mark.timeout(60)
+def test_a_variance_sums_in_two_loops_and_its_centered_sums_in_one():
+    """A variance's centered sums read its total (through the mean): they do not share its loop,
+    but share one with each other."""
+    from torchfuse.scheduler import schedule as scheduling
+
+    graph = lowered(lambda a, b: torch.var_mean(torch.where(a <= 0, 0, b), 0), (64, 5), (64, 5))
+    state = scheduling._SchedulerState(graph)
+    reductions = {n.name for n in graph.nodes if isinstance(n, Reduction)}
+    groups = state._loop_sharing_groups(reductions)
+    assert sorted(len(g) for g in groups) == [1, 2], groups

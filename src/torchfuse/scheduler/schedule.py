@@ -29,6 +29,9 @@ Unit = Union[Pointwise, Reduction, ScatterAdd, Extern]
 # Producers a reader's loads are followed through when judging a shared chain in bytes
 # (``_loaded_through_inlined``): a backward's residual chains make cones of hundreds.
 _LOADED_WALK = 64
+# Nodes walked to tell whether one reduction reads another (``_reads_result_of``); past it, they are
+# taken to depend, i.e. not to share a loop.
+_DEPENDENCY_WALK = 256
 
 
 @dataclass
@@ -102,6 +105,7 @@ class _SchedulerState:
         self.inlined_origins: dict[int, set[str]] = {}
         self.inliners: dict[torch.device, Inliner] = {}  # step 2's, once ``realized`` is final
         self.direct_reads: dict[str, tuple[str, ...]] = {}  # node -> buffers its body loads
+        self.positions: dict[str, int] = {}  # node -> its place in the graph (filled on first use)
 
     # -- step 1: realize or inline ------------------------------------------------------
     def decide_realized(self, should_realize) -> None:
@@ -125,7 +129,7 @@ class _SchedulerState:
             ctx = policy.RealizeContext(
                 is_output=node.name in outputs,
                 read_by_extern=any(r not in self.nodes for r in direct.get(node.name, [])),
-                reader_count=len(readers),
+                reader_count=len(self._loop_sharing_groups(readers)),
                 read_on_other_device=any(r in self.nodes and not may_inline_across(node, self.nodes[r].device)
                                          for r in direct.get(node.name, [])),
                 accumulated_into=node.name in bases,
@@ -176,11 +180,11 @@ class _SchedulerState:
             for buffer in read_buffers(node.body):
                 reads |= inlined_reads.get(buffer, {buffer})
             large = [b for b in reads if not self._smaller_than(b, node)]
-            reader_count = len(effective_readers.get(node.name, ()))
+            groups = self._loop_sharing_groups(effective_readers.get(node.name, set()))
+            reader_count = len(groups)
             decision = policy.should_store_shared(len(large), reader_count)
             if decision:
-                extra = [self._bytes_not_read_by(reader, node.name, large)
-                         for reader in effective_readers.get(node.name, ())]
+                extra = [self._bytes_not_read_by(group, node.name, large) for group in groups]
                 decision = policy.should_store_shared_bytes(extra, node.dtype.itemsize)
             if not decision and reader_count > 1 and len(set(direct.get(node.name, ()))) > 1:
                 inliner = inliners.setdefault(node.device, self._new_inliner(node.device))
@@ -191,11 +195,54 @@ class _SchedulerState:
             else:
                 inlined_reads[node.name] = frozenset(reads)
 
-    def _bytes_not_read_by(self, reader: str, skipped: str, buffers: list[str]) -> int:
-        """Bytes an element of ``buffers`` that ``reader`` does not load already, through the
-        producers not stored so far, other than ``skipped`` (the chain being judged)."""
-        anyway = self._loaded_through_inlined(reader, skipped)
+    def _bytes_not_read_by(self, readers: tuple[str, ...], skipped: str, buffers: list[str]) -> int:
+        """Bytes an element of ``buffers`` that ``readers`` (one loop) do not load already, through
+        the producers not stored so far, other than ``skipped`` (the chain being judged)."""
+        anyway = set().union(*(self._loaded_through_inlined(reader, skipped) for reader in readers))
         return sum(self._itemsize(b) for b in buffers if b not in anyway)
+
+    def _loop_sharing_groups(self, readers: set[str]) -> list[tuple[str, ...]]:
+        """``readers`` as the loops that would recompute an inlined body: reductions over the same
+        rows (same device, sizes and reduced axes) that do not read one another share one loop
+        of one kernel, where a shared value is computed once. A batch norm's backward sums the
+        ReLU gradient and its product with the centered input in one loop: counted as two
+        readers, the ReLU gradient was stored (MobileNetV3: 1.6 GB of such kernels a step)."""
+        loops: list[list[str]] = []
+        signatures: dict[int, tuple] = {}  # id(loop) -> the rows its reductions run over
+        for reader in sorted(readers, key=self._position):
+            node = self.nodes.get(reader)
+            signature = ((node.device, tuple(node.shape), tuple(node.source_shape), tuple(node.reduced_axes))
+                         if isinstance(node, Reduction) else None)
+            shared = next((loop for loop in loops if signature is not None and signatures[id(loop)] == signature
+                           and not any(self._reads_result_of(reader, member) for member in loop)), None)
+            if shared is not None:
+                shared.append(reader)
+            else:
+                loops.append([reader])
+                signatures[id(loops[-1])] = signature
+        return [tuple(loop) for loop in loops]
+
+    def _position(self, name: str) -> int:
+        if not self.positions:
+            self.positions.update((n.name, i) for i, n in enumerate(self.graph.nodes))
+        return self.positions.get(name, -1)
+
+    def _reads_result_of(self, later: str, earlier: str) -> bool:
+        """Whether node ``later`` reads ``earlier``'s result, through any producers between them
+        (a variance's centered sums read its mean); True when the walk is cut short."""
+        floor = self._position(earlier)
+        pending, seen = list(self._direct_reads(later)), set()
+        while pending:
+            name = pending.pop()
+            if name == earlier:
+                return True
+            if name in seen or name not in self.nodes or self._position(name) < floor:
+                continue
+            seen.add(name)
+            if len(seen) > _DEPENDENCY_WALK:
+                return True
+            pending.extend(self._direct_reads(name))
+        return False
 
     def _loaded_through_inlined(self, reader: str, skipped: str) -> set[str]:
         """What ``reader`` loads, through producers inlined so far other than ``skipped``; a
