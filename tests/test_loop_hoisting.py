@@ -23,14 +23,15 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserW
 
 
 def loop_bodies(source: str) -> list[list[str]]:
-    """The lines of each ``for roffset`` loop of a kernel's source."""
+    """The lines of each loop of a kernel's source over its row's blocks (``roffset``, or ``rstep``
+    for one walking them backwards)."""
     bodies, current, depth = [], None, None
     for line in source.splitlines():
         indent = len(line) - len(line.lstrip())
         if current is not None and line.strip() and indent <= depth:
             bodies.append(current)
             current = None
-        if line.strip().startswith("for roffset in range"):
+        if line.strip().startswith(("for roffset in range", "for rstep in range")):
             current, depth = [], indent
         elif current is not None and line.strip():
             current.append(line.strip())

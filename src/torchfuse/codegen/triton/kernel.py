@@ -128,6 +128,7 @@ class KernelRenderer:
         self.scalars: dict[str, str] = {}  # buffer -> parameter holding its value
         self.registers: dict[str, str] = {}  # reduction buffer -> variable holding its row value
         self.accumulators = 0  # tile-shaped accumulators (looped) or reduced tiles (persistent)
+        self.loops_opened = 0  # loops over the row's blocks so far (_open_r_loop)
         rnumel_hint = size_hint(product(kernel.r_ranges))
         limit = min(persistent_limit, OUTER_PERSISTENT_LIMIT) if self.outer else persistent_limit
         self.persistent = self.is_reduction and 0 < rnumel_hint <= limit
@@ -294,8 +295,15 @@ class KernelRenderer:
         return found
 
     def _open_r_loop(self, top: Scope) -> Scope:
-        top.emit("for roffset in range(0, rnumel, RBLOCK):")
+        """A loop over the row's blocks. Every second loop of a kernel walks them backwards: a
+        loop re-reading what the one before it read (a variance's centered sums, a looped
+        softmax's passes) then starts with the blocks read last, those a cache may still hold."""
+        backwards = self.loops_opened % 2 == 1
+        self.loops_opened += 1
+        top.emit(f"for {'rstep' if backwards else 'roffset'} in range(0, rnumel, RBLOCK):")
         loop = Scope(top.lines, top.indent + "    ", parent=top, header=len(top.lines) - 1)
+        if backwards:
+            loop.emit("roffset = (rnumel - 1) // RBLOCK * RBLOCK - rstep")
         loop.emit(f"rindex = roffset + tl.arange(0, RBLOCK){self._axis_suffix('r')}")
         loop.emit("rmask = rindex < rnumel")
         return loop
