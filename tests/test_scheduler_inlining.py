@@ -404,3 +404,28 @@ def test_a_variance_sums_in_two_loops_and_its_centered_sums_in_one():
     reductions = {n.name for n in graph.nodes if isinstance(n, Reduction)}
     groups = state._loop_sharing_groups(reductions)
     assert sorted(len(g) for g in groups) == [1, 2], groups
+
+
+def test_lowering_reads_each_extern_once(monkeypatch):
+    """Lowering asks, for each buffer a rule re-lays out, whether an ATen call has read it yet.
+    Answered by scanning every node each time, that made lowering quadratic (MobileNetV3's
+    forward: 1.4 M scans, half its lowering time); each ATen call's reads are now taken once."""
+    from torchfuse.ir.graph import Extern
+
+    def stack(x, w):
+        for _ in range(40):
+            x = torch.relu(x @ w) * 2
+        return x
+
+    calls = 0
+    real = Extern.reads
+
+    def counted(self):
+        nonlocal calls
+        calls += 1
+        return real(self)
+
+    monkeypatch.setattr(Extern, "reads", counted)
+    graph = lowered(stack, (8, 8), (8, 8))
+    externs = sum(isinstance(n, Extern) for n in graph.nodes)
+    assert externs >= 40 and calls <= 2 * externs, (calls, externs)
