@@ -390,7 +390,7 @@ def test_inductor_in_the_same_process_keeps_its_own_aot_cache(cache_on, monkeypa
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_a_later_process_hits_on_the_gpu(tmp_path, mode):
-    cases = ["mlp_training", "batch_norm_training", "add_in_place_training", "aliasing_outputs"]
+    cases = ["mlp_training", "batch_norm_training", "add_in_place_training", "aliasing_outputs", "attention_training"]
     extra = {"TORCHFUSE_WARM_DEVICE": "cuda", "TORCHFUSE_WARM_MODE": mode}
     cold = _finish(_run_script(tmp_path / "cache", tmp_path / "cold.pt", cases, **extra), tmp_path / "cold.pt")
     warm = _finish(_run_script(tmp_path / "cache", tmp_path / "warm.pt", cases, **extra), tmp_path / "warm.pt")
@@ -399,4 +399,19 @@ def test_a_later_process_hits_on_the_gpu(tmp_path, mode):
     for name in cases:
         assert warm[name]["traces"] == 0
         for part in ("outputs", "grads", "inputs_after", "buffers"):
-            _assert_same(warm[name][part], cold[name][part])
+            # a fused attention backward may add its partial gradients in any order
+            same = _assert_close if name == "attention_training" and part == "grads" else _assert_same
+            same(warm[name][part], cold[name][part])
+
+
+def test_torchfuses_own_calls_in_a_captured_graph_have_a_key():
+    """On a GPU, torchfuse points SDPA calls at its own ``frontend.attention.fused_attention``
+    (frontend/aot.py) before AOTAutograd: a call the key can name, since torchfuse's source is part
+    of every key. Refused, transformers' graphs were traced again in every process (H100: GPT-2
+    and BERT warm 3.75 and 7.29 s against Dynamo's 1.64 and 1.98). User code stays uncacheable."""
+    from torchfuse.frontend import aot_key, attention
+    from torchfuse.frontend.aot_snapshot import Uncacheable
+
+    assert aot_key._target(attention.fused_attention) == "torchfuse.frontend.attention.fused_attention"
+    with pytest.raises(Uncacheable, match="_user_function"):
+        aot_key._target(_user_function)

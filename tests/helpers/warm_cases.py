@@ -74,6 +74,20 @@ class _RelativeBias(torch.nn.Module):
         return torch.softmax(scores * bias, -1)
 
 
+class _Attention(torch.nn.Module):
+    """Causal self-attention in bf16 through SDPA: on a GPU, torchfuse points the captured call at
+    its own ``frontend.attention.fused_attention``, which a warm process must find in its key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).to(torch.bfloat16).view(2, 16, 3, 4, 8).permute(2, 0, 3, 1, 4).unbind(0)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).float()
+
+
 def _random(x: torch.Tensor) -> torch.Tensor:
     return F.dropout(x, 0.5, training=True) + x
 
@@ -89,6 +103,7 @@ CASES: dict[str, Case] = {
     "aliasing_outputs": Case(lambda: (_aliasing_outputs, [_randn(3, 4)])),
     "aliasing_outputs_training": Case(lambda: (_aliasing_outputs, [_randn(3, 4, grad=True)]), backward=True),
     "dropout": Case(lambda: (_random, [_randn(64, 32)])),
+    "attention_training": Case(lambda: (_Attention(), [_randn(2, 16, 32, grad=True)]), backward=True),
     "relative_bias_training": Case(lambda: (_RelativeBias(), [torch.randint(0, 32, (16, 16), generator=torch.Generator().manual_seed(3)),
                                                               _randn(3, 4, 16, 16, grad=True)]), backward=True),
 }

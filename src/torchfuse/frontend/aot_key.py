@@ -6,7 +6,7 @@ fake inputs:
 - the graph: every node's op, name, target, arguments, ``stack_trace`` and any other metadata
   that reaches AOTAutograd (activation-checkpoint tags, custom annotations), and the values of its
   tensor constants. A node must call ATen or torch itself (torch's own Python or C functions,
-  whose behaviour its version fixes): a call of user code (``allow_in_graph``), a custom op, a
+  whose behaviour its version fixes) or torchfuse (whose source is in the key): a call of user code (``allow_in_graph``), a custom op, a
   higher-order op (its subgraph) or a submodule makes the graph ``Uncacheable``;
 - every input: its type, shape, strides, storage offset, dtype, device, requires_grad, whether it
   is a leaf, a view, an inference tensor, a parameter, and which earlier input it is or shares
@@ -90,6 +90,10 @@ def _target(target: Any) -> str:
     c_function = isinstance(target, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodDescriptorType,
                                      types.WrapperDescriptorType))
     if torch_code or (c_function and module.split(".")[0] in BUILTIN_MODULES) or target in vars(builtins).values():
+        return f"{module}.{name}"
+    if module == "torchfuse" or module.startswith("torchfuse."):
+        # torchfuse's own rewrites (SDPA -> frontend.attention.fused_attention): its source is
+        # part of every key (aot_store.key_text), so the name fixes what the call does.
         return f"{module}.{name}"
     raise Uncacheable(f"the captured graph calls {module}.{name}")
 
