@@ -429,3 +429,30 @@ def test_lowering_reads_each_extern_once(monkeypatch):
     graph = lowered(stack, (8, 8), (8, 8))
     externs = sum(isinstance(n, Extern) for n in graph.nodes)
     assert externs >= 40 and calls <= 2 * externs, (calls, externs)
+
+
+def test_grouping_readers_into_loops_reads_each_body_a_bounded_number_of_times(monkeypatch):
+    """Which reductions share a loop (``_loop_sharing_groups``) needs to know whether one reads
+    another's result. Walking the producers for every pair of readers of every node took BERT's
+    backward 6.2 s to schedule instead of 0.9; one pass over the graph answers every pair."""
+    from torchfuse.scheduler import schedule as scheduling
+
+    def sums(x, w):
+        total = x.sum(-1, keepdim=True)
+        for i in range(30):
+            total = total + (torch.tanh(x * w[i]) * total).sum(-1, keepdim=True)
+        return total
+
+    graph = lowered(sums, (8, 16), (30, 16))
+    calls = 0
+    real = scheduling._SchedulerState._direct_reads
+
+    def counted(self, name):
+        nonlocal calls
+        calls += 1
+        return real(self, name)
+
+    monkeypatch.setattr(scheduling._SchedulerState, "_direct_reads", counted)
+    schedule(graph)
+    # ~40 a node come from the byte rule's bounded walks (_loaded_through_inlined); pairs walked: 1300.
+    assert calls <= 60 * len(graph.nodes), (calls, len(graph.nodes))

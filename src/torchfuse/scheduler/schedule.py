@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -29,9 +30,6 @@ Unit = Union[Pointwise, Reduction, ScatterAdd, Extern]
 # Producers a reader's loads are followed through when judging a shared chain in bytes
 # (``_loaded_through_inlined``): a backward's residual chains make cones of hundreds.
 _LOADED_WALK = 64
-# Nodes walked to tell whether one reduction reads another (``_reads_result_of``); past it, they are
-# taken to depend, i.e. not to share a loop.
-_DEPENDENCY_WALK = 256
 
 
 @dataclass
@@ -106,6 +104,8 @@ class _SchedulerState:
         self.inliners: dict[torch.device, Inliner] = {}  # step 2's, once ``realized`` is final
         self.direct_reads: dict[str, tuple[str, ...]] = {}  # node -> buffers its body loads
         self.positions: dict[str, int] = {}  # node -> its place in the graph (filled on first use)
+        self.upstream: dict[str, int] | None = None  # buffer -> reductions it reads (_upstream_reductions)
+        self.reduction_bits: dict[str, int] = {}  # reduction -> its bit in those masks
 
     # -- step 1: realize or inline ------------------------------------------------------
     def decide_realized(self, should_realize) -> None:
@@ -207,42 +207,56 @@ class _SchedulerState:
         of one kernel, where a shared value is computed once. A batch norm's backward sums the
         ReLU gradient and its product with the centered input in one loop: counted as two
         readers, the ReLU gradient was stored (MobileNetV3: 1.6 GB of such kernels a step)."""
+        signature_of = {r: self._rows_signature(r) for r in readers}
+        counts = collections.Counter(sig for sig in signature_of.values() if sig is not None)
+        if all(n < 2 for n in counts.values()):
+            return [(reader,) for reader in readers]
         loops: list[list[str]] = []
-        signatures: dict[int, tuple] = {}  # id(loop) -> the rows its reductions run over
         for reader in sorted(readers, key=self._position):
-            node = self.nodes.get(reader)
-            signature = ((node.device, tuple(node.shape), tuple(node.source_shape), tuple(node.reduced_axes))
-                         if isinstance(node, Reduction) else None)
-            shared = next((loop for loop in loops if signature is not None and signatures[id(loop)] == signature
-                           and not any(self._reads_result_of(reader, member) for member in loop)), None)
+            signature = signature_of[reader]
+            shared = None
+            if counts[signature] > 1:
+                upstream = self._upstream_reductions(reader)
+                shared = next((loop for loop in loops if signature_of[loop[0]] == signature
+                               and not any(upstream >> self._reduction_bit(m) & 1 for m in loop)), None)
             if shared is not None:
                 shared.append(reader)
             else:
                 loops.append([reader])
-                signatures[id(loops[-1])] = signature
         return [tuple(loop) for loop in loops]
+
+    def _rows_signature(self, name: str) -> tuple | None:
+        node = self.nodes.get(name)
+        if not isinstance(node, Reduction):
+            return None
+        return node.device, tuple(node.shape), tuple(node.source_shape), tuple(node.reduced_axes)
 
     def _position(self, name: str) -> int:
         if not self.positions:
             self.positions.update((n.name, i) for i, n in enumerate(self.graph.nodes))
         return self.positions.get(name, -1)
 
-    def _reads_result_of(self, later: str, earlier: str) -> bool:
-        """Whether node ``later`` reads ``earlier``'s result, through any producers between them
-        (a variance's centered sums read its mean); True when the walk is cut short."""
-        floor = self._position(earlier)
-        pending, seen = list(self._direct_reads(later)), set()
-        while pending:
-            name = pending.pop()
-            if name == earlier:
-                return True
-            if name in seen or name not in self.nodes or self._position(name) < floor:
-                continue
-            seen.add(name)
-            if len(seen) > _DEPENDENCY_WALK:
-                return True
-            pending.extend(self._direct_reads(name))
-        return False
+    def _reduction_bit(self, name: str) -> int:
+        self._upstream_reductions(name)  # numbers the reductions
+        return self.reduction_bits[name]
+
+    def _upstream_reductions(self, name: str) -> int:
+        """The reductions whose results ``name`` reads, through any nodes and ATen calls, as a
+        bit mask over ``reduction_bits``; one pass over the graph, on first use."""
+        if self.upstream is None:
+            self.upstream, self.reduction_bits = {}, {}
+            for node in self.graph.nodes:
+                extern = isinstance(node, Extern)
+                mask = 0
+                for buffer in (node.reads() if extern else self._direct_reads(node.name)):
+                    mask |= self.upstream.get(buffer, 0)
+                    if buffer in self.reduction_bits:
+                        mask |= 1 << self.reduction_bits[buffer]
+                for out in ([o.name for o in node.outputs] if extern else [node.name]):
+                    self.upstream[out] = mask
+                if isinstance(node, Reduction):
+                    self.reduction_bits[node.name] = len(self.reduction_bits)
+        return self.upstream.get(name, 0)
 
     def _loaded_through_inlined(self, reader: str, skipped: str) -> set[str]:
         """What ``reader`` loads, through producers inlined so far other than ``skipped``; a
