@@ -361,3 +361,20 @@ def test_scheduler_handles_reduction_over_size_one_dims():
     t = torch.randn(3, 1, device=DEVICE)
     (result,) = call([t])
     torch.testing.assert_close(result, t.sum(1) * 2)
+
+
+def test_kernel_modules_define_only_the_helpers_their_kernels_call(monkeypatch):
+    """Every ``@jit`` function a module defines costs its import (and each compile worker's) a
+    ``JITFunction``; a module holds the helpers its kernel names, and those they name in turn."""
+    import re
+
+    from torchfuse.codegen.triton import reductions
+    from torchfuse.runtime import kernel_cache
+
+    plain = kernel_cache.module_source("@jit\ndef k(ptr0):\n    tl.store(ptr0, 1.0)\n")
+    assert plain.count("@jit") == 1
+    reduced = reductions.helpers_for("red = tl.reduce(acc, 1, _max_nan)\nq = _floordiv_float(a, b)")
+    assert re.findall(r"def (\w+)\(", reduced) == ["_floordiv_float", "_max_nan"]
+    monkeypatch.setitem(reductions._HELPER_BLOCKS, "_outer", "@jit\ndef _outer(a):\n    return _add(a, a)\n")
+    monkeypatch.setattr(reductions, "_HELPER_NAME", re.compile(r"\b(" + "|".join(reductions._HELPER_BLOCKS) + r")\b"))
+    assert re.findall(r"def (\w+)\(", reductions.helpers_for("x = _outer(y)")) == ["_add", "_outer"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchfuse.codegen.triton.interpreter_math import libdevice as interpreter_libdevice
-from torchfuse.codegen.triton.reductions import HELPERS
+from torchfuse.codegen.triton.reductions import helpers_for
 from torchfuse.runtime.cache_paths import cache_dir
 from torchfuse.runtime.triton_module import load_gpu_module, module_name
 
@@ -41,7 +41,7 @@ _lock = threading.Lock()
 
 
 def module_source(kernel_source: str) -> str:
-    return MODULE_HEADER + HELPERS + "\n\n" + kernel_source
+    return MODULE_HEADER + helpers_for(kernel_source) + "\n\n" + kernel_source
 
 
 def load_kernel(kernel_source: str, name: str, interpret: bool) -> Any:
