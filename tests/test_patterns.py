@@ -58,7 +58,8 @@ def test_looped_reduction_matches_eager():
     assert_close(compiled(x), scaled_softmax(x), reference=scaled_softmax(x.double()))
 
 
-@pytest.mark.parametrize("name", ["rmsnorm_backward", "grouped_heads_sum", "short_rows_layer_norm", "window_softmax"])
+@pytest.mark.parametrize("name", ["rmsnorm_backward", "grouped_heads_sum", "short_rows_layer_norm", "window_softmax",
+                                  "long_rows_layer_norm", "bn_relu_backward_channels_last"])
 def test_reduction_micro_cases_match_float64(name):
     """The bench's micro cases for slow reduction shapes (a norm's weight gradient, grouped-query
     heads' gradient sums, layer norms and softmaxes of short rows), at the test size, against float64."""

@@ -42,6 +42,12 @@ def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     return F.layer_norm(x, (x.shape[-1],), w, b, eps=LN_EPS)
 
 
+def long_rows_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Layer norm over rows too long for one tile: a looped kernel reads each row three times (sum,
+    centered sums, output), so what the later passes find in cache decides its speed."""
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps=LN_EPS)
+
+
 def short_rows_layer_norm(x: torch.Tensor, b: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """ConvNeXt's LayerNorm after its depthwise convolution: ``layer_norm(x + b)`` over rows of
     192 channels (channels-last activations, a row per pixel). Many short rows; ConvNeXt-T's ran
@@ -113,6 +119,16 @@ def bn_stats_channels_last(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return torch.var_mean(x, (0, 2, 3), correction=0)
 
 
+def bn_relu_backward_channels_last(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                                   g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A training batch norm and ReLU over channels-last activations with few channels
+    (MobileNetV3's first blocks: 16), forward and the gradients of x, weight and bias: the
+    backward's sums are outer reductions with 16 outputs, split into chunks (43-47% of copy
+    bandwidth in MobileNetV3 on the H100). ``x``, ``w`` and ``b`` require grad."""
+    y = torch.relu(F.batch_norm(x, None, None, w, b, training=True))
+    return torch.autograd.grad(y, (x, w, b), g)
+
+
 def transpose_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """A transposed operand (a gradient of ``x.t()``, a weight update through a transpose): the
     read and the store are contiguous along different axes (2-D tiles, issue 16)."""
@@ -139,6 +155,23 @@ def _layer_norm_inputs(device: torch.device | str, dtype: torch.dtype, size: str
     rows, cols = ROWS_COLS[size]
     x = _randn((rows, cols), device, dtype, gen)
     return x, 1.0 + 0.1 * _randn((cols,), device, dtype, gen), 0.1 * _randn((cols,), device, dtype, gen)
+
+
+def _long_rows_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+    # bench: [8192, 16384], 268 MB of bf16 read and written
+    rows, cols = {"small": (4, 5000), "bench": (8192, 16384), "cpu": (256, 16384)}[size]
+    x = _randn((rows, cols), device, dtype, gen)
+    return x, 1.0 + 0.1 * _randn((cols,), device, dtype, gen), 0.1 * _randn((cols,), device, dtype, gen)
+
+
+def _bn_relu_backward_inputs(device: torch.device | str, dtype: torch.dtype, size: str,
+                             gen: torch.Generator) -> Inputs:
+    # bench: [128, 16, 112, 112] channels-last, 51 MB of bf16 a tensor
+    shape = {"small": (2, 4, 6, 6), "bench": (128, 16, 112, 112), "cpu": (16, 16, 56, 56)}[size]
+    x = _randn(shape, device, dtype, gen).contiguous(memory_format=torch.channels_last).requires_grad_()
+    w = (1.0 + 0.1 * _randn((shape[1],), device, dtype, gen)).requires_grad_()
+    b = (0.1 * _randn((shape[1],), device, dtype, gen)).requires_grad_()
+    return x, w, b, _randn(shape, device, dtype, gen).contiguous(memory_format=torch.channels_last)
 
 
 def _short_rows_inputs(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
@@ -234,6 +267,7 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("bias_gelu", bias_gelu, _bias_gelu_inputs),
     Pattern("layer_norm", layer_norm, _layer_norm_inputs),
     Pattern("scaled_softmax", scaled_softmax, _softmax_inputs),
+    Pattern("long_rows_layer_norm", long_rows_layer_norm, _long_rows_inputs),
     Pattern("short_rows_layer_norm", short_rows_layer_norm, _short_rows_inputs),
     Pattern("window_softmax", window_softmax, _window_softmax_inputs),
     Pattern("add_rmsnorm", add_rmsnorm, _add_rmsnorm_inputs),
@@ -243,6 +277,8 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("rmsnorm_backward", rmsnorm_backward, _rmsnorm_backward_inputs, needs_grad=True),
     Pattern("grouped_heads_sum", grouped_heads_sum, _grouped_heads_inputs),
     Pattern("bn_stats_channels_last", bn_stats_channels_last, _bn_stats_inputs),
+    Pattern("bn_relu_backward_channels_last", bn_relu_backward_channels_last, _bn_relu_backward_inputs,
+            needs_grad=True),
     Pattern("transpose_add", transpose_add, _transpose_add_inputs),
     Pattern("nchw_to_channels_last", nchw_to_channels_last, _nchw_inputs),
 )
