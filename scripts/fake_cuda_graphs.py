@@ -6,7 +6,8 @@ graph is then re-traced with fake CUDA tensors (factory calls' ``device=cpu`` be
 ``scalar_tensor`` stays on the CPU, as decompositions leave it in GPU graphs) and compiled up to
 the wrapper with ``mode="reduce-overhead"``. Printed per graph: kernels, kernels built for the
 CPU (C++) and why CUDA graphs would be refused. That is the question "can this model's graphs be
-CUDA graphs at all?", answered before spending device time.
+CUDA graphs at all?", answered before spending device time. Empty CPU tensor constants
+(transformers' cache placeholders) become CUDA ``empty`` calls.
 
     python scripts/fake_cuda_graphs.py --cases t5_train,mistral_train
     python scripts/fake_cuda_graphs.py --cases swin_t_train --full --sources /tmp/swin
@@ -59,15 +60,28 @@ def capture(case_name: str, quick: bool = True) -> list[tuple[str, torch.fx.Grap
 
 def on_fake_cuda(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[torch.fx.GraphModule, list[Any]]:
     """``gm`` re-traced with fake CUDA inputs, its factory calls moved to CUDA."""
-    for node in gm.graph.nodes:
+    for node in list(gm.graph.nodes):
         if (node.op == "call_function" and node.kwargs.get("device") == torch.device("cpu")
                 and node.target is not torch.ops.aten.scalar_tensor.default):
             node.kwargs = {**node.kwargs, "device": CUDA}
+        elif node.op == "get_attr" and _empty_cpu_tensor(getattr(gm, node.target, None)):
+            # transformers' cache placeholders (torch.tensor([])): nothing to read, so a CUDA
+            # ``empty`` stands in (a CPU constant beside CUDA tensors fails the trace)
+            value = getattr(gm, node.target)
+            with gm.graph.inserting_after(node):
+                empty = gm.graph.call_function(torch.ops.aten.empty.memory_format, (list(value.shape),),
+                                               {"dtype": value.dtype, "device": CUDA})
+            node.replace_all_uses_with(empty)
+            gm.graph.erase_node(node)
     gm.recompile()
     with FakeTensorMode(allow_non_fake_inputs=True):
         fakes = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=CUDA)
                  if isinstance(x, torch.Tensor) else x for x in inputs]
     return make_fx(gm, tracing_mode="fake")(*fakes), fakes
+
+
+def _empty_cpu_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel() == 0 and value.dim() > 0
 
 
 def main() -> None:

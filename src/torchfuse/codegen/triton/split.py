@@ -188,8 +188,14 @@ def _siblings(node: Reduction, reductions: list[Reduction], reads: _Memo) -> lis
     found = []
     for other in same_rows:
         if reads(node)[1] & reads(other)[1]:
-            renames = dict(zip(other.vars, node.vars)) | dict(zip(other.reduction_vars, node.reduction_vars))
-            found.extend(_moved(load, renames) for load in reads(other)[0])
+            renames = {a: b for a, b in (*zip(other.vars, node.vars), *zip(other.reduction_vars, node.reduction_vars))
+                       if a != b}
+            # Index variables are numbered by position, so over the same rows there is nothing to
+            # rename (renaming GPT-2's 75 layer-norm sums into each other's was 1.5 s of compile).
+            if renames:
+                found.extend(_moved(load, renames) for load in reads(other)[0])
+            else:
+                found.extend(reads(other)[0])
     return found
 
 
