@@ -6,8 +6,9 @@ fake inputs:
 - the graph: every node's op, name, target, arguments, ``stack_trace`` and any other metadata
   that reaches AOTAutograd (activation-checkpoint tags, custom annotations), and the values of its
   tensor constants. A node must call ATen or torch itself (torch's own Python or C functions,
-  whose behaviour its version fixes) or torchfuse (whose source is in the key): a call of user code (``allow_in_graph``), a custom op, a
-  higher-order op (its subgraph) or a submodule makes the graph ``Uncacheable``;
+  whose behaviour its version fixes) or torchfuse (whose source is in the key): a call of user
+  code (``allow_in_graph``), a custom op, a higher-order op (its subgraph) or a submodule makes
+  the graph ``Uncacheable``;
 - every input: its type, shape, strides, storage offset, dtype, device, requires_grad, whether it
   is a leaf, a view, an inference tensor, a parameter, and which earlier input it is or shares
   memory with (AOTAutograd dedupes inputs and builds synthetic bases from aliasing ones);

@@ -216,9 +216,8 @@ class _SchedulerState:
             signature = signature_of[reader]
             shared = None
             if counts[signature] > 1:
-                upstream = self._upstream_reductions(reader)
                 shared = next((loop for loop in loops if signature_of[loop[0]] == signature
-                               and not any(upstream >> self._reduction_bit(m) & 1 for m in loop)), None)
+                               and not any(self._reads_result_of(reader, m) for m in loop)), None)
             if shared is not None:
                 shared.append(reader)
             else:
@@ -236,9 +235,9 @@ class _SchedulerState:
             self.positions.update((n.name, i) for i, n in enumerate(self.graph.nodes))
         return self.positions.get(name, -1)
 
-    def _reduction_bit(self, name: str) -> int:
-        self._upstream_reductions(name)  # numbers the reductions
-        return self.reduction_bits[name]
+    def _reads_result_of(self, later: str, earlier: str) -> bool:
+        """Whether ``later`` reads the result of reduction ``earlier``, through anything."""
+        return bool(self._upstream_reductions(later) >> self.reduction_bits[earlier] & 1)
 
     def _upstream_reductions(self, name: str) -> int:
         """The reductions whose results ``name`` reads, through any nodes and ATen calls, as a

@@ -13,7 +13,6 @@ reduction runs over axis 0. Both read the same elements; only which lanes read t
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
