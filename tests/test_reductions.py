@@ -378,3 +378,18 @@ def test_kernel_modules_define_only_the_helpers_their_kernels_call(monkeypatch):
     monkeypatch.setitem(reductions._HELPER_BLOCKS, "_outer", "@jit\ndef _outer(a):\n    return _add(a, a)\n")
     monkeypatch.setattr(reductions, "_HELPER_NAME", re.compile(r"\b(" + "|".join(reductions._HELPER_BLOCKS) + r")\b"))
     assert re.findall(r"def (\w+)\(", reductions.helpers_for("x = _outer(y)")) == ["_add", "_outer"]
+
+
+def test_arg_reductions_in_a_backwards_loop_break_ties_at_the_first_index():
+    """An argmax that reads the row's mean runs in the kernel's second loop, which walks the row
+    backwards (``_open_r_loop``): ties still go to the first index, as in eager."""
+    def centered_extremes(x):
+        c = x - x.mean(-1, keepdim=True)
+        return c.argmax(-1), c.argmin(-1)
+
+    x = torch.randint(0, 3, (3, 5000)).float()  # each extreme repeats ~1700 times a row
+    compiled = torchfuse.compile(centered_extremes, options={"target": "triton", "strict": True})
+    for got, want in zip(compiled(x), centered_extremes(x)):
+        assert torch.equal(got, want), (got, want)
+    sources = [k.source for g in torchfuse.report().graphs for k in g.kernels if k.source]
+    assert any("for rstep" in s and "_argmax_combine" in s for s in sources)
