@@ -7,7 +7,8 @@ graph is then re-traced with fake CUDA tensors (factory calls' ``device=cpu`` be
 the wrapper with ``mode="reduce-overhead"``. Printed per graph: kernels, kernels built for the
 CPU (C++) and why CUDA graphs would be refused. That is the question "can this model's graphs be
 CUDA graphs at all?", answered before spending device time. Empty CPU tensor constants
-(transformers' cache placeholders) become CUDA ``empty`` calls.
+(transformers' cache placeholders) become CUDA ``empty`` calls; convolutions take cuDNN's layouts
+(channels-last in, channels-last out).
 
     python scripts/fake_cuda_graphs.py --cases t5_train,mistral_train
     python scripts/fake_cuda_graphs.py --cases swin_t_train --full --sources /tmp/swin
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 from functorch.compile import make_boxed_func
+from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -80,6 +82,22 @@ def on_fake_cuda(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[torch.fx.
     return make_fx(gm, tracing_mode="fake")(*fakes), fakes
 
 
+def use_cudnn_layouts() -> None:
+    """Fake CUDA convolutions laid out as cuDNN lays them out. A build without CUDA has no cuDNN,
+    so the fake convolution's layout rule answers "contiguous" for every CUDA convolution, and a
+    channels-last network's activations would be traced NCHW. cuDNN (bf16, half and float) gives
+    a channels-last result when the input or the weight is channels-last."""
+    original = torch._C._conv_determine_backend_memory_format
+
+    def determine(input_: torch.Tensor, weight: torch.Tensor, backend: Any) -> torch.memory_format:
+        if input_.device.type == "cuda" and input_.dim() == 4 and torch.channels_last in (
+                suggest_memory_format(input_), suggest_memory_format(weight)):
+            return torch.channels_last
+        return original(input_, weight, backend)
+
+    torch._C._conv_determine_backend_memory_format = determine
+
+
 def _empty_cpu_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel() == 0 and value.dim() > 0
 
@@ -95,6 +113,7 @@ def main() -> None:
     if args.torchvision_stand_in:
         import torchvision_stand_in  # noqa: F401 - installs itself; this script's folder is on sys.path
     warnings.filterwarnings("ignore")
+    use_cudnn_layouts()
     options = Options.from_user({"strict": True}, "reduce-overhead")
     for name in args.cases.split(","):
         for kind, gm, inputs in capture(name, quick=not args.full):

@@ -1,0 +1,135 @@
+"""A/B a tiling or split policy constant on micro cases, in one process (GPU).
+
+A launch configuration can be swept on a saved kernel source (time_kernels.py); a policy that
+changes the kernel itself (a split's chunk count, which rows share a program) cannot. This
+compiles each case once per variant, with the constant replaced, checks the result against
+eager, and prints each variant's median step time and its kernels' GPU times (profiler).
+
+    python3 scripts/ab_policy.py --cases bn_relu_backward_channels_last \\
+        --variant chunks2048=torchfuse.codegen.triton.split:POLICY.max_chunks=2048 \\
+        --variant rows1=torchfuse.runtime.launch:LOOPED_ROWS_TILE=(1,1024)
+
+A variant is LABEL=MODULE:NAME=VALUE (NAME may be ATTR.FIELD of a frozen dataclass; VALUE a
+Python literal); several assignments of one variant are separated by ';'. The baseline
+("default") runs first and last, so drift within the process shows.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import os
+import statistics
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+os.environ["TORCHFUSE_GRAPH_CACHE"] = "0"  # a cached graph would ignore the replaced constant
+
+import torch  # noqa: E402
+
+import torchfuse  # noqa: E402
+from torchfuse.bench import measure  # noqa: E402
+from torchfuse.bench.patterns import BY_NAME, Pattern, bn_relu_backward_channels_last, bn_stats_channels_last  # noqa: E402
+
+
+def _channels_last(shape: tuple[int, ...], grad: bool) -> Any:
+    def factory(device: Any, dtype: torch.dtype, size: str, gen: torch.Generator) -> tuple:
+        draw = lambda s: torch.randn(s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+        x = draw(shape).contiguous(memory_format=torch.channels_last)
+        if not grad:
+            return (x,)
+        w, b = (1.0 + 0.1 * draw(shape[1:2])).requires_grad_(), (0.1 * draw(shape[1:2])).requires_grad_()
+        return x.requires_grad_(), w, b, draw(shape).contiguous(memory_format=torch.channels_last)
+    return factory
+
+
+# MobileNetV3-large's batch norms at batch 128 (the models suite), beside the micro suite's cases.
+CASES = {
+    **BY_NAME,
+    "bn_stats_128x64x112": Pattern("bn_stats_128x64x112", bn_stats_channels_last,
+                                   _channels_last((128, 64, 112, 112), False)),
+    "bn_stats_128x24x56": Pattern("bn_stats_128x24x56", bn_stats_channels_last,
+                                  _channels_last((128, 24, 56, 56), False)),
+    "bn_relu_backward_128x64x112": Pattern("bn_relu_backward_128x64x112", bn_relu_backward_channels_last,
+                                           _channels_last((128, 64, 112, 112), True), needs_grad=True),
+}
+
+
+def parse_variant(text: str) -> tuple[str, list[tuple[str, str, Any]]]:
+    label, _, rest = text.partition("=")
+    assignments = []
+    for part in rest.split(";"):
+        module, _, assignment = part.partition(":")
+        name, _, value = assignment.partition("=")
+        assignments.append((module, name, ast.literal_eval(value)))
+    return label, assignments
+
+
+@contextmanager
+def replaced(assignments: list[tuple[str, str, Any]]) -> Iterator[None]:
+    """The module constants replaced for the block (a dataclass field through dataclasses.replace)."""
+    saved = []
+    for module_name, name, value in assignments:
+        module = importlib.import_module(module_name)
+        attr, _, field = name.partition(".")
+        old = getattr(module, attr)
+        saved.append((module, attr, old))
+        setattr(module, attr, dataclasses.replace(old, **{field: value}) if field else value)
+    try:
+        yield
+    finally:
+        for module, attr, old in reversed(saved):
+            setattr(module, attr, old)
+
+
+def kernel_times(step: Any) -> list[tuple[str, float]]:
+    """GPU us of each kernel of one step (median of 5 profiled steps)."""
+    if not torch.cuda.is_available():
+        return []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times.setdefault(event.name, []).append(event.device_time)
+    return sorted(((name[:40], statistics.median(t)) for name, t in times.items()), key=lambda kv: -kv[1])
+
+
+def run_case(case: str, variants: list[tuple[str, list]], repeats: int, device: torch.device, size: str) -> None:
+    pattern = CASES[case]
+    inputs = pattern.make_inputs(device, torch.bfloat16, size)
+    expected = pattern.fn(*inputs)
+    print(f"== {case}")
+    for label, assignments in variants:
+        torch._dynamo.reset()
+        with replaced(assignments):
+            fn = torchfuse.compile(pattern.fn)
+            out = fn(*inputs)  # compiles with the constant replaced
+        error = measure.relative_error(out, expected)
+        step = lambda: fn(*inputs)  # noqa: E731
+        ms = measure.median_ms({label: step}, device, repeats)[label]
+        kernels = kernel_times(step)
+        top = ", ".join(f"{name} {us:.1f}" for name, us in kernels[:4])
+        print(f"{label:>14}: {ms * 1000:8.1f} us  (error {error:.2e})  {top}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--variant", action="append", default=[], help="LABEL=MODULE:NAME=VALUE[;...]")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--size", default="bench", help="the patterns' size (small: a CPU smoke test)")
+    args = parser.parse_args()
+    variants = [("default", [])] + [parse_variant(v) for v in args.variant] + [("default", [])]
+    for case in args.cases.split(","):
+        run_case(case, variants, args.repeats, torch.device(args.device), args.size)
+
+
+if __name__ == "__main__":
+    main()
