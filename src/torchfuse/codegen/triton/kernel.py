@@ -19,7 +19,7 @@ import sympy
 import torch
 
 from torchfuse.codegen.layout import overwritable_inputs, store_order
-from torchfuse.codegen.triton import online_softmax, online_variance
+from torchfuse.codegen.triton import online_softmax
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
@@ -254,12 +254,9 @@ class KernelRenderer:
                 elif member.stored:
                     self._store_member(member, top)
             return
-        groups = online_softmax.merge_pairs(self._loop_groups(reductions), self.flat_body)
-        for group in online_variance.merge_variances(groups, self.flat_body):
+        for group in online_softmax.merge_pairs(self._loop_groups(reductions), self.flat_body):
             if isinstance(group, online_softmax.OnlinePair):
                 online_softmax.emit_pair(self, group, top)
-            elif isinstance(group, online_variance.OnlineVariance):
-                online_variance.emit_variance(self, group, top)
             else:
                 self._reduce_looped(group, top)
         for member in members:
@@ -297,12 +294,11 @@ class KernelRenderer:
                         pending.append(inner.body)
         return found
 
-    def _open_r_loop(self, top: Scope, forwards: bool = False) -> Scope:
+    def _open_r_loop(self, top: Scope) -> Scope:
         """A loop over the row's blocks. Every second loop of a kernel walks them backwards: a
-        loop re-reading what the one before it read (a looped softmax's passes, a layer norm's
-        output) then starts with the blocks read last, those a cache may still hold.
-        ``forwards``: this loop walks forwards whatever its place (it counts its steps)."""
-        backwards = self.loops_opened % 2 == 1 and not forwards
+        loop re-reading what the one before it read (a variance's centered sums, a looped
+        softmax's passes) then starts with the blocks read last, those a cache may still hold."""
+        backwards = self.loops_opened % 2 == 1
         self.loops_opened += 1
         top.emit(f"for {'rstep' if backwards else 'roffset'} in range(0, rnumel, RBLOCK):")
         loop = Scope(top.lines, top.indent + "    ", parent=top, header=len(top.lines) - 1)

@@ -31,16 +31,14 @@ value and its local index; the second stage takes the argmax of the values (the 
 wins ties and NaN, as the first element does in eager), then gathers that chunk's local index.
 A variance (``lowering/rules/reductions.py``: ``m = sum(x) / n``, then the sums of ``x - m``
 and ``(x - m)^2``, tagged ``Reduction.centered``) splits as one: the first stage sums each
-chunk, takes its mean ``m_s`` and sums the chunk again around ``m_s`` (one kernel; its two
-loops over the chunk become one, ``online_variance.py``, when no chunk has a ragged end); the
-second combines the chunks exactly around the
+chunk, takes its mean ``m_s`` and sums the chunk again around ``m_s`` (one kernel, two loops
+over the chunk, x read from memory once); the second combines the chunks exactly around the
 global mean (Chan et al.: ``_rewrite_centered``). Split one by one, the centered sums' first
 stage waited for the global mean and read x a second time.
 Sizes must be static; a symbolic reduction stays one kernel (correct, and outer-tiled).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -119,7 +117,7 @@ def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy |
             continue
         plan = plans.get(node.name)
         if plan is None:
-            nodes.append(_drop_stale_tag(node, plans))
+            nodes.append(node)
             continue
         nodes.extend(_rewrite(node, plan, graph))
         notes.append(f"{node.name} ({node.reduce_op} of {_numel(node.reduction_ranges)} elements into "
@@ -127,15 +125,6 @@ def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy |
                      f"{' (outer)' if plan.outer else ''}")
     graph.nodes = nodes
     return notes
-
-
-def _drop_stale_tag(node: Any, plans: dict[str, Split | None]) -> Any:
-    """``node`` without its ``CenteredSum`` tag when the total it names was split on its own:
-    that name is now the sum of partials, not of what the centered sums center."""
-    tag = node.centered if isinstance(node, Reduction) else None
-    if tag is not None and plans.get(tag.total) is not None:
-        return dataclasses.replace(node, centered=None)
-    return node
 
 
 def _numel(shape) -> int | None:
@@ -425,8 +414,6 @@ def _rewrite_centered(node: Reduction, group: _Centered, graph: Graph) -> list:
 
         firsts = [_first_stage(sums, plan, graph, "sum", sums.dtype, "_part", recenter)
                   for sums in (group.deviations, group.squares)]
-        if plan.count * plan.chunk == _numel(node.reduction_ranges):
-            firsts = _tag_chunk_sums(total_part, mean_part, *firsts)
         return [total_part, mean_part, *firsts, _second_stage(node, plan, total_part, node.name, "sum", node.dtype)]
 
     def chunk(s: sympy.Symbol) -> tuple[Expr, Expr, Expr]:
@@ -448,14 +435,6 @@ def _rewrite_centered(node: Reduction, group: _Centered, graph: Graph) -> list:
 
     combine = deviations if node is group.deviations else squares
     return [_second_stage(node, plan, None, node.name, "sum", node.dtype, combine)]
-
-
-def _tag_chunk_sums(total: Reduction, mean: Pointwise, deviations: Reduction, squares: Reduction) -> list:
-    """The first stages' centered sums, tagged as centered on the chunk means (``CenteredSum``),
-    so that a looped first stage reads its chunk once (codegen/triton/online_variance.py). Only
-    for chunks without a ragged end: there a masked element is 0 in the total's body, not x."""
-    return [dataclasses.replace(deviations, centered=CenteredSum(mean.name, total.name, 1)),
-            dataclasses.replace(squares, centered=CenteredSum(mean.name, total.name, 2, deviations.name))]
 
 
 def _chunk_means(group: _Centered, total_part: Reduction, graph: Graph) -> Pointwise:
