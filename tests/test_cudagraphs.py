@@ -489,7 +489,9 @@ def test_a_large_output_kept_across_calls_raises_a_clear_error_and_clones_stay_r
     with pytest.raises(RuntimeError, match="clone outputs you keep across calls"):
         last[:10].sum().item()  # overwritten by the call above: a view of it raises too
     for x, (_, total) in zip(xs, results):  # small outputs are copies: all still right
-        torch.testing.assert_close(total, x.sum())
+        # A float32 sum of millions of terms: its rounding scales with the terms, not the result
+        # (eager's and ours differ by ~2e-6 of the result on the H100).
+        torch.testing.assert_close(total.double(), x.double().sum(), rtol=0, atol=1e-6 * x.abs().sum().item())
     torch.testing.assert_close(cloned, torch.tanh(xs[0]) * 3)
     fresh, _ = compiled(xs[1])
     torch.testing.assert_close(fresh, torch.tanh(xs[1]) * 3)  # the newest output reads fine

@@ -51,8 +51,8 @@ def test_block_sizes_follow_the_sizes():
     assert reduction_config(True, 1000, 300) == launch.Config(500, (2, 512), 2)
     assert reduction_config(True, 8192, 768) == launch.Config(2048, (4, 1024), 8)  # longer rows: 8 warps
     assert reduction_config(False, 7, 50_000) == launch.Config(7, (1, 1024), 4)
-    # Long looped rows, enough of them: [4 x 512] tiles.
-    assert reduction_config(False, 8192, 32_000) == launch.Config(2048, (4, 512), 8)
+    # Long looped rows, enough of them: a row a program, 2048 of it a step.
+    assert reduction_config(False, 8192, 32_000) == launch.Config(8192, (1, 2048), 8)
     # Short rows looped (their length is symbolic) share a program.
     assert reduction_config(False, 100_000, 100) == launch.Config(12_500, (8, 128), 4)
     # Outer tiles put 32-128 rows on the lanes, RBLOCK reduced indices a step: 2048 elements
@@ -77,16 +77,18 @@ def test_block_sizes_follow_the_sizes():
 
 def test_heavy_outer_steps_take_small_tiles():
     """An outer reduction step holding many tiles (accumulators and loads along both axes) gets
-    a tile of about 4096 elements over all of them: Swin's LayerNorm weight and bias gradients
+    a tile of about 8192 elements over all of them: Swin's LayerNorm weight and bias gradients
     (11 live tiles) ran 3x faster at [64 x 8], 4 warps, than at [128 x 64], 8 warps (H100)."""
     assert reduction_config(False, 49_152, 196, outer=True) == launch.Config(384, (128, 64), 8)
     assert reduction_config(False, 49_152, 196, outer=True, live_tiles=11) == launch.Config(768, (64, 8), 4)
     # The lanes give way first, keeping 8 reduced rows a step; a warp per 128 elements; never
     # below 512 elements.
-    assert reduction_config(False, 57_624, 256, outer=True, live_tiles=3) == launch.Config(451, (128, 8), 8)
+    assert reduction_config(False, 57_624, 256, outer=True, live_tiles=3) == launch.Config(451, (128, 16), 8)
     assert reduction_config(False, 49_152, 196, outer=True, live_tiles=200) == launch.Config(768, (64, 8), 4)
+    # The channels-last batch-norm backward's split first stage over 64 channels (5 live tiles).
+    assert reduction_config(False, 32_768, 3136, outer=True, live_tiles=5) == launch.Config(512, (64, 16), 8)
     # Persistent: T5's bias-gradient sum over a batch of 16, a warp per 512 elements.
-    assert reduction_config(True, 1 << 21, 16, outer=True, live_tiles=7) == launch.Config(65_536, (32, 16), 1)
+    assert reduction_config(True, 1 << 21, 16, outer=True, live_tiles=7) == launch.Config(32_768, (64, 16), 2)
     # One or two live tiles (a column sum) and few reduced rows keep the tiles above.
     for persistent, xnumel, rnumel in ((False, 49_152, 196), (True, 1 << 21, 16), (True, 1 << 20, 4)):
         assert (reduction_config(persistent, xnumel, rnumel, outer=True, live_tiles=2)

@@ -45,9 +45,13 @@ LOOPED_RBLOCK = 1024
 # 8 warps, 364 us with [16 x 64], one warp (305 us with [8 x 64]). Longer rows keep 8 warps.
 SHORT_ROW_RBLOCK = 512
 SHORT_ROW_WARP_TILE = 1024
-# Looped rows with rows enough to fill the GPU: [4 x 512] tiles, 8 warps (a cross-entropy
-# backward over 8192 rows of 32000: 368 us at [1 x 1024], 4 warps; 316 us).
-LOOPED_ROWS_TILE = (4, 512)
+# Looped rows with rows enough to fill the GPU: one row a program, 2048 of it a step, 8 warps.
+# On the H100 (scripts/ab_policy.py, 2026-12-07) against [4 x 512]: a layer norm over [8192,
+# 16384] bf16, which reads each row three times, 345 -> 224 us (a program's row, 32 KB, is
+# still in L2 when it reads it again; four rows were 128 KB); the cross-entropy forward over
+# [4096, 50257] 385 -> 363 us. ([2 x 1024] 301, [1 x 1024] 259 on the layer norm. An earlier
+# [1 x 1024] with 4 warps had lost to [4 x 512] on a cross-entropy backward, on the H200.)
+LOOPED_ROWS_TILE = (1, 2048)
 # Outer reductions (codegen/triton/tiling.py): lanes walk the rows. 128 rows of bf16 are 256
 # contiguous bytes per reduced index; XBLOCK shrinks to OUTER_MIN_XBLOCK to reach MIN_PROGRAMS.
 # A looped tile holds OUTER_TILE elements, or FEW_PROGRAMS_TILE when the grid is still smaller
@@ -71,8 +75,13 @@ IN_FLIGHT_ELEMENTS, MAX_OUTER_TILE = 1 << 21, 8192
 # registers, spilling); the relative-position bias gradient sums (1 accumulator, 5-6 loads) 174
 # -> 75 and 147 -> 67 us; T5's persistent bias-gradient sum over a batch of 16 (7 live tiles)
 # 340 -> 280 us at [32 x 16], 1 warp (a persistent tile takes a warp per 512 elements). Steps of
-# one or two tiles keep the tiles above.
-HEAVY_STEP_ELEMENTS, HEAVY_MIN_TILE, HEAVY_MIN_RBLOCK = 4096, 512, 8
+# one or two tiles keep the tiles above. 8192 rather than 4096 elements over the live tiles,
+# measured on the H100 (scripts/ab_policy.py, 2026-12-07): an RMSNorm weight gradient (4 live
+# tiles) 198 -> 154 us; the channels-last batch-norm backward's split first stages (5 live
+# tiles) over 16 channels 120 / 103 -> 75 / 59 us and over 64 channels 253 / 205 -> 188 / 122;
+# batch-norm statistics over 24 channels 42 -> 24 us (over 256 channels 41 -> 47). 16384 went
+# too far (the RMSNorm gradient 277 us).
+HEAVY_STEP_ELEMENTS, HEAVY_MIN_TILE, HEAVY_MIN_RBLOCK = 8192, 512, 8
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
 # kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
