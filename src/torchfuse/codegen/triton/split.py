@@ -39,6 +39,7 @@ Sizes must be static; a symbolic reduction stays one kernel (correct, and outer-
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -149,10 +150,9 @@ def leaf_reads(body: Expr, producers: dict[str, Pointwise]) -> tuple[list[Load],
             if producer is None:
                 leaves.setdefault((name, index), load)
                 continue
-            mapping = dict(zip(producer.vars, index))
             for inner in loads(producer.body):
                 if not inner.is_indirect:
-                    moved = _moved(inner, mapping)
+                    moved = Load(inner.dtype, inner.buffer, _moved_index(inner.index, tuple(producer.vars), index))
                     deeper.setdefault((moved.buffer, moved.index), moved)
         if not deeper or len(leaves) + len(deeper) > LEAF_LIMIT:
             break
@@ -163,6 +163,13 @@ def leaf_reads(body: Expr, producers: dict[str, Pointwise]) -> tuple[list[Load],
 def _moved(load: Load, mapping: dict) -> Load:
     """``load`` (direct) with its index variables replaced by ``mapping``."""
     return Load(load.dtype, load.buffer, tuple(simplify_index(sympy.sympify(e).xreplace(mapping)) for e in load.index))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _moved_index(index: tuple, variables: tuple, values: tuple) -> tuple:
+    """``index`` with ``variables`` replaced by ``values``, simplified. Memoized: every reduction
+    over the same rows walks the same producers (BERT's backward: 515 walks)."""
+    return _moved(Load(INT64, "", index), dict(zip(variables, values))).index
 
 
 class _Memo:
