@@ -47,10 +47,11 @@ SHORT_ROW_RBLOCK = 512
 SHORT_ROW_WARP_TILE = 1024
 # Looped rows with rows enough to fill the GPU: one row a program, 2048 of it a step, 8 warps.
 # On the H100 (scripts/ab_policy.py, 2026-12-07) against [4 x 512]: a layer norm over [8192,
-# 16384] bf16, which reads each row three times, 345 -> 224 us (a program's row, 32 KB, is
-# still in L2 when it reads it again; four rows were 128 KB); the cross-entropy forward over
-# [4096, 50257] 385 -> 363 us. ([2 x 1024] 301, [1 x 1024] 259 on the layer norm. An earlier
-# [1 x 1024] with 4 warps had lost to [4 x 512] on a cross-entropy backward, on the H200.)
+# 16384] bf16, which reads each row several times, 332 -> 224 us (a program's row, 32 KB, is
+# still in L2 when it reads it again; four rows were 128 KB; measured with its statistics in
+# one loop, a form since reverted: two loops took 345 us at [4 x 512]); the cross-entropy
+# forward over [4096, 50257] 385 -> 363 us. ([2 x 1024] 301, [1 x 1024] 259 on the layer norm.
+# An earlier [1 x 1024] with 4 warps had lost to [4 x 512] on a cross-entropy backward, H200.)
 LOOPED_ROWS_TILE = (1, 2048)
 # Outer reductions (codegen/triton/tiling.py): lanes walk the rows. 128 rows of bf16 are 256
 # contiguous bytes per reduced index; XBLOCK shrinks to OUTER_MIN_XBLOCK to reach MIN_PROGRAMS.
@@ -79,8 +80,9 @@ IN_FLIGHT_ELEMENTS, MAX_OUTER_TILE = 1 << 21, 8192
 # measured on the H100 (scripts/ab_policy.py, 2026-12-07): an RMSNorm weight gradient (4 live
 # tiles) 198 -> 154 us; the channels-last batch-norm backward's split first stages (5 live
 # tiles) over 16 channels 120 / 103 -> 75 / 59 us and over 64 channels 253 / 205 -> 188 / 122;
-# batch-norm statistics over 24 channels 42 -> 24 us (over 256 channels 41 -> 47). 16384 went
-# too far (the RMSNorm gradient 277 us).
+# the one-program second stage of batch-norm statistics over 24 channels (7 live tiles) 42 ->
+# 24 us. A first stage of batch-norm statistics over 256 channels lost, 41 -> 47 us (measured
+# in a one-loop form since reverted, 5 live tiles). 16384 went too far (RMSNorm: 277 us).
 HEAVY_STEP_ELEMENTS, HEAVY_MIN_TILE, HEAVY_MIN_RBLOCK = 8192, 512, 8
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
