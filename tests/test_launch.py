@@ -87,8 +87,9 @@ def test_heavy_outer_steps_take_small_tiles():
     assert reduction_config(False, 49_152, 196, outer=True, live_tiles=200) == launch.Config(768, (64, 8), 4)
     # The channels-last batch-norm backward's split first stage over 64 channels (5 live tiles).
     assert reduction_config(False, 32_768, 3136, outer=True, live_tiles=5) == launch.Config(512, (64, 16), 8)
-    # Persistent: T5's bias-gradient sum over a batch of 16, a warp per 512 elements.
-    assert reduction_config(True, 1 << 21, 16, outer=True, live_tiles=7) == launch.Config(32_768, (64, 16), 2)
+    # Persistent (about 4096 elements over the live tiles): T5's bias-gradient sum over a batch
+    # of 16, a warp per 512 elements.
+    assert reduction_config(True, 1 << 21, 16, outer=True, live_tiles=7) == launch.Config(65_536, (32, 16), 1)
     # One or two live tiles (a column sum) and few reduced rows keep the tiles above.
     for persistent, xnumel, rnumel in ((False, 49_152, 196), (True, 1 << 21, 16), (True, 1 << 20, 4)):
         assert (reduction_config(persistent, xnumel, rnumel, outer=True, live_tiles=2)

@@ -83,7 +83,9 @@ IN_FLIGHT_ELEMENTS, MAX_OUTER_TILE = 1 << 21, 8192
 # the one-program second stage of batch-norm statistics over 24 channels (7 live tiles) 42 ->
 # 24 us. A first stage of batch-norm statistics over 256 channels lost, 41 -> 47 us (measured
 # in a one-loop form since reverted, 5 live tiles). 16384 went too far (RMSNorm: 277 us).
+# Persistent steps keep 4096, where T5's sum was measured; 8192 is unmeasured there.
 HEAVY_STEP_ELEMENTS, HEAVY_MIN_TILE, HEAVY_MIN_RBLOCK = 8192, 512, 8
+HEAVY_PERSISTENT_ELEMENTS = 4096
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
 # kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
@@ -232,7 +234,7 @@ def _short_rows_config(xnumel: int, rnumel: int, rblock: int) -> Config:
 
 def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int) -> Config:
     xblock = min(OUTER_XBLOCK, max(2, next_power_of_2(xnumel)))
-    heavy_tile = _heavy_step_tile(live_tiles)
+    heavy_tile = _heavy_step_tile(live_tiles, HEAVY_PERSISTENT_ELEMENTS if persistent else HEAVY_STEP_ELEMENTS)
     if persistent:
         rblock = max(2, next_power_of_2(rnumel))
         # A few reduced elements (a grouped-query heads' gradient sums 4) would make tiles of a
@@ -264,11 +266,12 @@ def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int) -
     return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 2048 else 4)
 
 
-def _heavy_step_tile(live_tiles: int) -> int:
-    """The largest tile for a step holding ``live_tiles`` tiles; 0 (no bound) for one or two."""
+def _heavy_step_tile(live_tiles: int, elements: int) -> int:
+    """The largest tile for a step holding ``live_tiles`` tiles of ``elements`` in all; 0 (no
+    bound) for one or two."""
     if live_tiles <= 2:
         return 0
-    return max(HEAVY_MIN_TILE, 1 << max(1, HEAVY_STEP_ELEMENTS // live_tiles).bit_length() - 1)
+    return max(HEAVY_MIN_TILE, 1 << max(1, elements // live_tiles).bit_length() - 1)
 
 
 def _outer_loop_tile(grid: int) -> int:
