@@ -162,14 +162,18 @@ def leaf_reads(body: Expr, producers: dict[str, Pointwise]) -> tuple[list[Load],
 
 def _moved(load: Load, mapping: dict) -> Load:
     """``load`` (direct) with its index variables replaced by ``mapping``."""
-    return Load(load.dtype, load.buffer, tuple(simplify_index(sympy.sympify(e).xreplace(mapping)) for e in load.index))
+    return Load(load.dtype, load.buffer, _substituted(load.index, mapping))
+
+
+def _substituted(index: tuple, mapping: dict) -> tuple:
+    return tuple(simplify_index(sympy.sympify(e).xreplace(mapping)) for e in index)
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _moved_index(index: tuple, variables: tuple, values: tuple) -> tuple:
     """``index`` with ``variables`` replaced by ``values``, simplified. Memoized: every reduction
     over the same rows walks the same producers (BERT's backward: 515 walks)."""
-    return _moved(Load(INT64, "", index), dict(zip(variables, values))).index
+    return _substituted(index, dict(zip(variables, values)))
 
 
 class _Memo:
