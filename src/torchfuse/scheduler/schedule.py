@@ -212,17 +212,26 @@ class _SchedulerState:
         if all(n < 2 for n in counts.values()):
             return [(reader,) for reader in readers]
         loops: list[list[str]] = []
+        results: list[int] = []  # per loop, the bit mask of its members' results
         for reader in sorted(readers, key=self._position):
             signature = signature_of[reader]
             shared = None
             if counts[signature] > 1:
-                shared = next((loop for loop in loops if signature_of[loop[0]] == signature
-                               and not any(self._reads_result_of(reader, m) for m in loop)), None)
+                upstream = self._upstream_reductions(reader)
+                shared = next((k for k, loop in enumerate(loops) if signature_of[loop[0]] == signature
+                               and not upstream & results[k]), None)
             if shared is not None:
-                shared.append(reader)
+                loops[shared].append(reader)
+                results[shared] |= self._result_bit(reader)
             else:
                 loops.append([reader])
+                results.append(self._result_bit(reader))
         return [tuple(loop) for loop in loops]
+
+    def _result_bit(self, name: str) -> int:
+        """``name``'s bit in ``_upstream_reductions``' masks (0 for a node that is no reduction)."""
+        self._upstream_reductions(name)
+        return 1 << self.reduction_bits[name] if name in self.reduction_bits else 0
 
     def _rows_signature(self, name: str) -> tuple | None:
         node = self.nodes.get(name)
@@ -234,10 +243,6 @@ class _SchedulerState:
         if not self.positions:
             self.positions.update((n.name, i) for i, n in enumerate(self.graph.nodes))
         return self.positions.get(name, -1)
-
-    def _reads_result_of(self, later: str, earlier: str) -> bool:
-        """Whether ``later`` reads the result of reduction ``earlier``, through anything."""
-        return bool(self._upstream_reductions(later) >> self.reduction_bits[earlier] & 1)
 
     def _upstream_reductions(self, name: str) -> int:
         """The reductions whose results ``name`` reads, through any nodes and ATen calls, as a
