@@ -33,17 +33,16 @@ import torch  # noqa: E402
 
 import torchfuse  # noqa: E402
 from torchfuse.bench import measure  # noqa: E402
-from torchfuse.bench.patterns import BY_NAME, Pattern, bn_relu_backward_channels_last, bn_stats_channels_last  # noqa: E402
+from torchfuse.bench.patterns import (BY_NAME, Pattern, _randn, bn_backward_inputs,  # noqa: E402
+                                      bn_relu_backward_channels_last, bn_stats_channels_last)
 
 
 def _channels_last(shape: tuple[int, ...], grad: bool) -> Any:
+    """Inputs at ``shape`` whatever the size asked: x alone (statistics), or the backward's."""
     def factory(device: Any, dtype: torch.dtype, size: str, gen: torch.Generator) -> tuple:
-        draw = lambda s: torch.randn(s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
-        x = draw(shape).contiguous(memory_format=torch.channels_last)
-        if not grad:
-            return (x,)
-        w, b = (1.0 + 0.1 * draw(shape[1:2])).requires_grad_(), (0.1 * draw(shape[1:2])).requires_grad_()
-        return x.requires_grad_(), w, b, draw(shape).contiguous(memory_format=torch.channels_last)
+        if grad:
+            return bn_backward_inputs(shape, device, dtype, gen)
+        return (_randn(shape, device, dtype, gen).contiguous(memory_format=torch.channels_last),)
     return factory
 
 

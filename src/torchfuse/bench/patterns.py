@@ -168,6 +168,13 @@ def _bn_relu_backward_inputs(device: torch.device | str, dtype: torch.dtype, siz
                              gen: torch.Generator) -> Inputs:
     # bench: [128, 16, 112, 112] channels-last, 51 MB of bf16 a tensor
     shape = {"small": (2, 4, 6, 6), "bench": (128, 16, 112, 112), "cpu": (16, 16, 56, 56)}[size]
+    return bn_backward_inputs(shape, device, dtype, gen)
+
+
+def bn_backward_inputs(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype,
+                       gen: torch.Generator) -> Inputs:
+    """``bn_relu_backward_channels_last``'s inputs at ``shape``: channels-last x (requiring grad),
+    the weight and bias (requiring grad), and a channels-last output gradient."""
     x = _randn(shape, device, dtype, gen).contiguous(memory_format=torch.channels_last).requires_grad_()
     w = (1.0 + 0.1 * _randn((shape[1],), device, dtype, gen)).requires_grad_()
     b = (0.1 * _randn((shape[1],), device, dtype, gen)).requires_grad_()
