@@ -15,6 +15,11 @@ On a GPU (``--device cuda``) the cases are the bench's (bench/models.py, full si
 also runs one warm torchfuse process and one Dynamo-alone process under cProfile and prints the N
 functions whose cumulative time differs most between them: where a warm torchfuse first call
 spends what Dynamo alone does not.
+
+The cold process also prints torchfuse's own seconds by stage (``GraphReport.stage_seconds``,
+summed over the graphs). ``--cold-workers 8,0`` adds a cold process per compile-pool size
+(``TORCHFUSE_COMPILE_WORKERS``), each with fresh caches; ``--cold-profile N`` one more cold process
+under cProfile, printing the N torchfuse functions of most cumulative time.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+import torchfuse
 
 CASES = ("llama_block_train", "gpt2_infer", "bert_mlm_train")
 
@@ -94,6 +101,7 @@ def child(case: str, backend: str, device_name: str, profile: str) -> None:
     warm_up_compilers([backend], device)
     make = maker(case, device)
     make(compiler_for("eager"))()  # the model's own first-call costs
+    graphs_before = len(torchfuse.report().graphs)  # the warm-up's graphs are not the case's
     profiler = cProfile.Profile() if profile else None
     if profiler is not None:
         profiler.enable()
@@ -101,7 +109,17 @@ def child(case: str, backend: str, device_name: str, profile: str) -> None:
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(profile)
-    print(json.dumps({"seconds": first.seconds, "backend": first.backend_seconds, "split": first.split}), flush=True)
+    print(json.dumps({"seconds": first.seconds, "backend": first.backend_seconds, "split": first.split,
+                      "stages": stage_totals(graphs_before)}), flush=True)
+
+
+def stage_totals(skipped: int) -> dict[str, float]:
+    """torchfuse's own seconds by stage, summed over the process's graphs after the first ``skipped``."""
+    totals: dict[str, float] = {}
+    for graph in torchfuse.report().graphs[skipped:]:
+        for stage, seconds in graph.stage_seconds.items():
+            totals[stage] = totals.get(stage, 0.0) + seconds
+    return totals
 
 
 def run(case: str, backend: str, caches: str, device: str = "cpu", profile: str = "", **env: str) -> dict[str, Any]:
@@ -126,7 +144,19 @@ def describe(name: str, measured: dict[str, Any]) -> str:
     parts = (f"capture {split.get('capture', 0):.2f} / aot {split.get('aot', 0):.2f} / ours {split.get('ours', 0):.2f}"
              f" / c++ {split.get('cpp', 0):.2f}; gc {split.get('gc', 0):.2f}; warm cache hits "
              f"{split.get('aot_hits', 0):.0f}, misses {split.get('aot_misses', 0):.0f}")
-    return f"  {name:<22} {measured['seconds']:6.2f} s  {parts}"
+    stages = measured.get("stages") or {}
+    by_stage = ", ".join(f"{k} {v:.2f}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]) if v >= 0.01)
+    return f"  {name:<22} {measured['seconds']:6.2f} s  {parts}" + (f"\n{'':26}ours by stage: {by_stage}" if by_stage else "")
+
+
+def cold_profile(path: str, top: int) -> None:
+    """The torchfuse functions of most cumulative seconds in a cold first call's profile."""
+    stats = pstats.Stats(path).stats  # type: ignore[attr-defined]
+    rows = sorted(((v[3], v[2], f"{f.split('src/')[-1]}:{line}({name})") for (f, line, name), v in stats.items()
+                   if "torchfuse" in f), reverse=True)
+    print(f"  cold torchfuse first call under cProfile, top {top} torchfuse functions (cumulative, own s):")
+    for cumulative, own, name in rows[:top]:
+        print(f"    {cumulative:8.3f} {own:8.3f}  {name}")
 
 
 def profile_difference(torchfuse_stats: str, dynamo_stats: str, top: int) -> None:
@@ -149,6 +179,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", type=int, default=0, help="print this many functions of a profile difference")
+    parser.add_argument("--cold-workers", default="", help="comma-separated compile-pool sizes for more cold runs")
+    parser.add_argument("--cold-profile", type=int, default=0, help="profile one more cold run; print this many")
     parser.add_argument("--child", nargs=4)
     args = parser.parse_args()
     if args.child:
@@ -158,6 +190,14 @@ def main() -> None:
         caches = tempfile.mkdtemp(prefix="torchfuse-warm-")
         print(case)
         print(describe("cold", run(case, "torchfuse", caches, args.device)), flush=True)
+        for workers in filter(None, args.cold_workers.split(",")):
+            fresh = tempfile.mkdtemp(prefix="torchfuse-cold-")
+            measured = run(case, "torchfuse", fresh, args.device, TORCHFUSE_COMPILE_WORKERS=workers)
+            print(describe(f"cold, {workers} workers", measured), flush=True)
+        if args.cold_profile:
+            fresh = tempfile.mkdtemp(prefix="torchfuse-cold-")
+            run(case, "torchfuse", fresh, args.device, os.path.join(fresh, "cold.prof"))
+            cold_profile(os.path.join(fresh, "cold.prof"), args.cold_profile)
         rounds: dict[str, list] = {"warm, warm cache off": [], "warm": [], "Dynamo's capture alone": []}
         for _ in range(args.repeats):
             rounds["warm, warm cache off"].append(run(case, "torchfuse", caches, args.device, TORCHFUSE_AOT_CACHE="0"))
