@@ -33,32 +33,11 @@ import torch  # noqa: E402
 
 import torchfuse  # noqa: E402
 from torchfuse.bench import measure  # noqa: E402
-from torchfuse.bench.patterns import (BY_NAME, Pattern, _randn, bn_backward_inputs,  # noqa: E402
-                                      bn_relu_backward_channels_last, bn_stats_channels_last)
-
-
-def _channels_last(shape: tuple[int, ...], grad: bool) -> Any:
-    """Inputs at ``shape`` whatever the size asked: x alone (statistics), or the backward's."""
-    def factory(device: Any, dtype: torch.dtype, size: str, gen: torch.Generator) -> tuple:
-        if grad:
-            return bn_backward_inputs(shape, device, dtype, gen)
-        return (_randn(shape, device, dtype, gen).contiguous(memory_format=torch.channels_last),)
-    return factory
+from torchfuse.bench.patterns import BY_NAME, MODEL_SIZED  # noqa: E402
 
 
 EAGER_BOUND = 3e-2  # relative error against eager's bf16 result, as `torchfuse bench` allows
-
-
-# MobileNetV3-large's batch norms at batch 128 (the models suite), beside the micro suite's cases.
-CASES = {
-    **BY_NAME,
-    "bn_stats_128x64x112": Pattern("bn_stats_128x64x112", bn_stats_channels_last,
-                                   _channels_last((128, 64, 112, 112), False)),
-    "bn_stats_128x24x56": Pattern("bn_stats_128x24x56", bn_stats_channels_last,
-                                  _channels_last((128, 24, 56, 56), False)),
-    "bn_relu_backward_128x64x112": Pattern("bn_relu_backward_128x64x112", bn_relu_backward_channels_last,
-                                           _channels_last((128, 64, 112, 112), True), needs_grad=True),
-}
+CASES = {**BY_NAME, **MODEL_SIZED}
 
 
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str, Any]]]:

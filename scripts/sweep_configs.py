@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 import torchfuse  # noqa: E402
 from torchfuse.bench import bandwidth  # noqa: E402
-from torchfuse.bench.patterns import BY_NAME  # noqa: E402
+from torchfuse.bench.patterns import BY_NAME, MODEL_SIZED  # noqa: E402
 from torchfuse.runtime import autotune, autotune_configs  # noqa: E402
 from torchfuse.runtime.launch import Config, reduction_config  # noqa: E402
 
@@ -33,11 +33,11 @@ WARPS = (1, 2, 4, 8, 16)
 MAX_TILE = 16384
 
 
-def grid(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int) -> list[Config]:
+def grid(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int, live_tiles: int = 0) -> list[Config]:
     """The default first, then every config of the grid the kernel computes correctly with."""
     if kind != "reduction":
-        return autotune_configs.candidate_configs(kind, persistent, outer, xnumel, rnumel)
-    default = reduction_config(persistent, xnumel, rnumel, outer)
+        return autotune_configs.candidate_configs(kind, persistent, outer, xnumel, rnumel, live_tiles)
+    default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles)
     rblock = default.constexprs[1]
     rblocks = [rblock] if persistent else sorted({max(2, rblock // 4), max(2, rblock // 2), rblock, rblock * 2})
     found = [default]
@@ -83,7 +83,7 @@ def main() -> int:
     autotune.candidate_configs = grid
     results = []
     for name in args.cases.split(","):
-        pattern = BY_NAME[name]
+        pattern = {**BY_NAME, **MODEL_SIZED}[name]
         inputs = pattern.make_inputs("cuda", torch.bfloat16, args.size)
         first = len(timed)
         graphs = len(torchfuse.report().graphs)

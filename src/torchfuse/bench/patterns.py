@@ -292,6 +292,25 @@ PATTERNS: tuple[Pattern, ...] = (
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
 
 
+def _channels_last_at(shape: tuple[int, ...], grad: bool) -> Callable[..., Inputs]:
+    """Inputs at ``shape`` whatever the size asked: x alone (statistics), or the backward's."""
+    def factory(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+        if grad:
+            return bn_backward_inputs(shape, device, dtype, gen)
+        return (_randn(shape, device, dtype, gen).contiguous(memory_format=torch.channels_last),)
+    return factory
+
+
+# Kernels of real models at the models suite's sizes, for the policy tools (scripts/ab_policy.py,
+# scripts/sweep_configs.py), not the micro suite: MobileNetV3-large's batch norms at batch 128.
+MODEL_SIZED: dict[str, Pattern] = {p.name: p for p in (
+    Pattern("bn_stats_128x64x112", bn_stats_channels_last, _channels_last_at((128, 64, 112, 112), False)),
+    Pattern("bn_stats_128x24x56", bn_stats_channels_last, _channels_last_at((128, 24, 56, 56), False)),
+    Pattern("bn_relu_backward_128x64x112", bn_relu_backward_channels_last,
+            _channels_last_at((128, 64, 112, 112), True), needs_grad=True),
+)}
+
+
 def to_reference(inputs: Inputs) -> Inputs:
     """Copies of inputs with floating tensors in float64 (keeping requires_grad) for a reference run."""
     out = []
