@@ -113,6 +113,12 @@ def column_sum(x: torch.Tensor) -> torch.Tensor:
     return x.sum(0)
 
 
+def squeeze_excite_pool(x: torch.Tensor) -> torch.Tensor:
+    """EfficientNet's squeeze-excite pool: SiLU, then the mean over H*W of channels-last
+    activations, one output per (image, channel) (outer, and enough outputs not to split)."""
+    return F.silu(x).mean((2, 3), keepdim=True)
+
+
 def bn_stats_channels_last(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Training batch norm's statistics over N*H*W of channels-last activations (outer: the
     channels are contiguous)."""
@@ -302,12 +308,15 @@ def _channels_last_at(shape: tuple[int, ...], grad: bool) -> Callable[..., Input
 
 
 # Kernels of real models at the models suite's sizes, for the policy tools (scripts/ab_policy.py,
-# scripts/sweep_configs.py), not the micro suite: MobileNetV3-large's batch norms at batch 128.
+# scripts/sweep_configs.py), not the micro suite: MobileNetV3-large's batch norms and
+# EfficientNet-B0's squeeze-excite pools at batch 128.
 MODEL_SIZED: dict[str, Pattern] = {p.name: p for p in (
     Pattern("bn_stats_128x64x112", bn_stats_channels_last, _channels_last_at((128, 64, 112, 112), False)),
     Pattern("bn_stats_128x24x56", bn_stats_channels_last, _channels_last_at((128, 24, 56, 56), False)),
     Pattern("bn_relu_backward_128x64x112", bn_relu_backward_channels_last,
             _channels_last_at((128, 64, 112, 112), True), needs_grad=True),
+    Pattern("se_pool_128x144x56", squeeze_excite_pool, _channels_last_at((128, 144, 56, 56), False)),
+    Pattern("se_pool_128x32x112", squeeze_excite_pool, _channels_last_at((128, 32, 112, 112), False)),
 )}
 
 
