@@ -101,9 +101,10 @@ def split_reductions(graph: Graph, device_types: set[str], policy: SplitPolicy |
     policy = policy or POLICY
     producers = {n.name: n for n in graph.nodes if isinstance(n, Pointwise)}
     reductions = [n for n in graph.nodes if isinstance(n, Reduction) and n.device.type in device_types]
-    reads = _Memo(lambda n: leaf_reads(n.body, producers))
-    plans = {n.name: plan_split(n, graph.buffers, policy, producers, lambda n=n: _siblings(n, reductions, reads))
-             for n in reductions}
+    direct: dict[str, list[Load]] = {}  # each producer's direct loads, found once for every walk
+    reads = _Memo(lambda n: leaf_reads(n.body, producers, direct))
+    plans = {n.name: plan_split(n, graph.buffers, policy, producers, lambda n=n: _siblings(n, reductions, reads),
+                                reads) for n in reductions}
     groups = _centered_groups(graph, plans)
     nodes, notes = [], []
     for node in graph.nodes:
@@ -133,12 +134,15 @@ def _numel(shape) -> int | None:
     return int(total) if sympy.sympify(total).is_Integer else None
 
 
-def leaf_reads(body: Expr, producers: dict[str, Pointwise]) -> tuple[list[Load], set[str]]:
+def leaf_reads(body: Expr, producers: dict[str, Pointwise],
+               direct: dict[str, list[Load]] | None = None) -> tuple[list[Load], set[str]]:
     """The direct loads that ``body`` reaches through its pointwise producers, of buffers that
     are not producers, each at its index in ``body``'s variables: what a kernel fusing those
     producers reads from memory. Also every buffer passed on the way. A producer's own buffer
     has a nominal (row-major) layout, not the one its inputs are read in: loads still on a
-    producer when the walk stops (LEAF_DEPTH, LEAF_LIMIT) are left out of the vote."""
+    producer when the walk stops (LEAF_DEPTH, LEAF_LIMIT) are left out of the vote. ``direct``
+    keeps each producer's direct loads across calls (BERT's backward: 16,000 walks of bodies)."""
+    direct = {} if direct is None else direct
     frontier = {(load.buffer, load.index): load for load in loads(body) if not load.is_indirect}
     leaves: dict[tuple, Load] = {}
     passed: set[str] = set()
@@ -150,10 +154,11 @@ def leaf_reads(body: Expr, producers: dict[str, Pointwise]) -> tuple[list[Load],
             if producer is None:
                 leaves.setdefault((name, index), load)
                 continue
-            for inner in loads(producer.body):
-                if not inner.is_indirect:
-                    moved = Load(inner.dtype, inner.buffer, _moved_index(inner.index, tuple(producer.vars), index))
-                    deeper.setdefault((moved.buffer, moved.index), moved)
+            if name not in direct:
+                direct[name] = [inner for inner in loads(producer.body) if not inner.is_indirect]
+            for inner in direct[name]:
+                moved = Load(inner.dtype, inner.buffer, _moved_index(inner.index, tuple(producer.vars), index))
+                deeper.setdefault((moved.buffer, moved.index), moved)
         if not deeper or len(leaves) + len(deeper) > LEAF_LIMIT:
             break
         frontier = deeper
@@ -212,13 +217,15 @@ def _siblings(node: Reduction, reductions: list[Reduction], reads: _Memo) -> lis
 
 def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
                producers: dict[str, Pointwise] | None = None,
-               siblings: Callable[[], list[Load]] = list) -> Split | None:
+               siblings: Callable[[], list[Load]] = list,
+               reads: Callable[[Reduction], tuple[list[Load], set[str]]] | None = None) -> Split | None:
     """How to split ``node``, or None when one kernel already fills the GPU (or is small).
 
     The reads vote on the orientation as the renderer sees them once the scheduler fuses the
     pointwise ``producers`` (tiling.py): through them (``leaf_reads``), since a batch norm's
     ``x.float()`` is its own node here, and its buffer's layout is not x's. ``siblings()``
-    (``_siblings``) vote with ``node``.
+    (``_siblings``) vote with ``node``. ``reads(node)``: ``leaf_reads`` of its body, memoized by
+    the caller (the siblings' votes walk the same bodies).
     """
     outputs, reduced = _numel(node.shape), _numel(node.reduction_ranges)
     if outputs is None or reduced is None or outputs * reduced < policy.min_elements:
@@ -230,7 +237,8 @@ def plan_split(node: Reduction, buffers: dict[str, Buffer], policy: SplitPolicy,
         return None
     x_vars = [v for v, s in zip(node.vars, node.shape) if s != 1]
     r_vars = [v for v, s in zip(node.reduction_vars, node.reduction_ranges) if s != 1]
-    found = [*leaf_reads(node.body, producers or {})[0], *siblings()]
+    own = reads(node) if reads is not None else leaf_reads(node.body, producers or {})
+    found = [*own[0], *siblings()]
     inner_votes, outer_votes = orientation_votes(accesses_of(found, buffers, r_vars), x_vars, r_vars[-1]) \
         if r_vars else (0, 0)
     # A tie (a channels-last x and an NCHW gradient, equally large) splits outer: with chunks
