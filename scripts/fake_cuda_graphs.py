@@ -17,7 +17,8 @@ CUDA graphs at all?", answered before spending device time. Empty CPU tensor con
 ``--torchvision-stand-in`` lets timm's models build without a working torchvision;
 ``--sources DIR`` writes each GPU kernel's source, headed by the bytes it reads and writes,
 largest first (kernel names are digests of their source, so a name from a GPU profile finds
-its file when the CPU trace matches the GPU's). Needs the case's model library
+its file when the CPU trace matches the GPU's), with the launch the GPU would make at the
+traced size (``launch.Launcher``'s default config for the predicted sizes: grid, block, warps). Needs the case's model library
 (transformers for the HF cases). Limits: the CPU trace is the CPU's: autocast follows CPU
 rules and attention takes the CPU's SDPA path.
 """
@@ -40,6 +41,8 @@ from torchfuse.diagnostics.report import report
 from torchfuse.frontend.aot import aot_backend
 from torchfuse.options import Options
 from torchfuse.pipeline import compile_graph, run_captured
+from torchfuse.runtime import triton_ahead
+from torchfuse.runtime.predict import PredictedLaunch
 
 CUDA = torch.device("cuda")
 
@@ -115,6 +118,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     use_cudnn_layouts()
     options = Options.from_user({"strict": True}, "reduce-overhead")
+    configs = record_launch_configs()
     for name in args.cases.split(","):
         for kind, gm, inputs in capture(name, quick=not args.full):
             try:
@@ -132,10 +136,28 @@ def main() -> None:
             for note in graph.device_notes:
                 print(f"    {note}")
             if args.sources:
-                write_sources(args.sources / f"{name}_{kind}", graph.kernels)
+                write_sources(args.sources / f"{name}_{kind}", graph.kernels, configs)
 
 
-def write_sources(folder: Path, kernels: list) -> None:
+def record_launch_configs() -> dict[str, str]:
+    """Kernel name -> the default launch config of its predicted launch, filled as graphs compile
+    (on fake CUDA nothing is compiled ahead: ``compile_ahead`` is only watched here)."""
+    configs: dict[str, str] = {}
+    compile_ahead = triton_ahead.compile_ahead
+
+    def watching(kernels: dict, fns: dict, predictions: dict, *args: Any, **kwargs: Any) -> Any:
+        for name, launch in predictions.items():
+            if isinstance(launch, PredictedLaunch) and name in kernels:
+                config = triton_ahead.default_config(kernels[name], launch)
+                block = " x ".join(str(size) for size in config.constexprs)
+                configs[name] = f"grid {config.grid} [{block}] w{config.num_warps}"
+        return compile_ahead(kernels, fns, predictions, *args, **kwargs)
+
+    triton_ahead.compile_ahead = watching
+    return configs
+
+
+def write_sources(folder: Path, kernels: list, configs: dict[str, str]) -> None:
     """Each generated kernel's source, headed by its traffic; an index, largest first."""
     folder.mkdir(parents=True, exist_ok=True)
     sized = [(k, (k.bytes_read or 0) + (k.bytes_written or 0)) for k in kernels if k.source and k.kind != "extern"]
@@ -143,8 +165,10 @@ def write_sources(folder: Path, kernels: list) -> None:
     for kernel, moved in sorted(sized, key=lambda pair: -pair[1]):
         names = re.findall(r"^def (\w+)\(", kernel.source, re.MULTILINE)  # as a GPU profile names it
         name = names[-1] if names else kernel.name
-        lines.append(f"{moved / 1e6:10.1f} MB  {name}  {kernel.name}  {', '.join(kernel.ops)[:100]}")
+        config = configs.get(kernel.name, "")
+        lines.append(f"{moved / 1e6:10.1f} MB  {name}  {kernel.name}  {config:<30}  {', '.join(kernel.ops)[:100]}")
         accesses = [f"# reads  {a}" for a in kernel.reads] + [f"# writes {a}" for a in kernel.writes]
+        accesses += [f"# launch {config}"] if config else []
         (folder / f"{name}.py").write_text("\n".join(accesses) + "\n" + kernel.source)
     (folder / "index.txt").write_text("\n".join(lines) + "\n")
 
