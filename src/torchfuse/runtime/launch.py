@@ -85,6 +85,11 @@ IN_FLIGHT_ELEMENTS, MAX_OUTER_TILE = 1 << 21, 8192
 # in a one-loop form since reverted, 5 live tiles). 16384 went too far (RMSNorm: 277 us).
 # Persistent steps keep 4096, where T5's sum was measured; 8192 is unmeasured there.
 HEAVY_STEP_ELEMENTS, HEAVY_MIN_TILE, HEAVY_MIN_RBLOCK = 8192, 512, 8
+# The grid a looped outer reduction's lanes shrink to fill (down to OUTER_MIN_XBLOCK). Its own
+# constant so that it can be A/B'd apart from the other kernels' MIN_PROGRAMS: on this CPU's
+# trace of MobileNetV3 training, 71% of the reductions' bytes (3.3 of 4.7 GB a step) run in
+# grids of 264-527 programs, two to four an SM, latency-bound (docs/gpu_notes.md, 2026-12-07).
+LOOPED_OUTER_MIN_PROGRAMS = MIN_PROGRAMS
 HEAVY_PERSISTENT_ELEMENTS = 4096
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
@@ -256,7 +261,8 @@ def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int) -
         # A looped program takes rnumel / RBLOCK steps one after the other, however small the
         # kernel: fewer lanes a program buy more programs and longer steps (a batch norm's second
         # stage, 72 outputs x 896 partials, was one program of 56 steps a loop: 133 us on the H200).
-        xblock = _fill_the_gpu(xnumel, rnumel, xblock, OUTER_MIN_XBLOCK, small_too=True)
+        xblock = _fill_the_gpu(xnumel, rnumel, xblock, OUTER_MIN_XBLOCK, small_too=True,
+                               programs=LOOPED_OUTER_MIN_PROGRAMS)
         tile = _outer_loop_tile(cdiv(xnumel, xblock))
         if heavy_tile and tile > heavy_tile:
             xblock = max(min(xblock, OUTER_MIN_XBLOCK), min(xblock, heavy_tile // HEAVY_MIN_RBLOCK))
@@ -284,13 +290,14 @@ def _outer_loop_tile(grid: int) -> int:
     return tile
 
 
-def _fill_the_gpu(xnumel: int, rnumel: int, xblock: int, floor: int, small_too: bool = False) -> int:
-    """Halve XBLOCK, not below ``floor``, while the grid has fewer than MIN_PROGRAMS programs
+def _fill_the_gpu(xnumel: int, rnumel: int, xblock: int, floor: int, small_too: bool = False,
+                  programs: int = MIN_PROGRAMS) -> int:
+    """Halve XBLOCK, not below ``floor``, while the grid has fewer than ``programs`` programs
     (kernels of fewer than SMALL_KERNEL elements keep their tiles, the launch dominates, unless
     ``small_too``)."""
     if xnumel * max(rnumel, 1) < SMALL_KERNEL and not small_too:
         return xblock
-    while xblock > floor and cdiv(xnumel, xblock) < MIN_PROGRAMS:
+    while xblock > floor and cdiv(xnumel, xblock) < programs:
         xblock //= 2
     return xblock
 
