@@ -85,12 +85,12 @@ IN_FLIGHT_ELEMENTS, MAX_OUTER_TILE = 1 << 21, 8192
 # in a one-loop form since reverted, 5 live tiles). 16384 went too far (RMSNorm: 277 us).
 # Persistent steps keep 4096, where T5's sum was measured; 8192 is unmeasured there.
 HEAVY_STEP_ELEMENTS, HEAVY_MIN_TILE, HEAVY_MIN_RBLOCK = 8192, 512, 8
+HEAVY_PERSISTENT_ELEMENTS = 4096
 # The grid a looped outer reduction's lanes shrink to fill (down to OUTER_MIN_XBLOCK). Its own
 # constant so that it can be A/B'd apart from the other kernels' MIN_PROGRAMS: on this CPU's
 # trace of MobileNetV3 training, 71% of the reductions' bytes (3.3 of 4.7 GB a step) run in
-# grids of 264-527 programs, two to four an SM, latency-bound (docs/gpu_notes.md, 2026-12-07).
+# grids of 264-527 programs, two to four an SM, presumably latency-bound (gpu_notes, 2026-12-07).
 LOOPED_OUTER_MIN_PROGRAMS = MIN_PROGRAMS
-HEAVY_PERSISTENT_ELEMENTS = 4096
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
 # kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
