@@ -11,8 +11,9 @@ so a kernel two graphs (or two layers) need is compiled once. A worker that dies
 (the caller then compiles that kernel itself, at its first launch) and is replaced.
 
 The pool is sized by ``TORCHFUSE_COMPILE_WORKERS`` (0 turns compiling ahead off), else by the
-CPUs this process may use, at most ``MAX_WORKERS``. Workers start when the pool is first asked
-for (``get_pool``), ideally while Dynamo and AOTAutograd still trace, and stop at exit.
+CPUs this process may use (its affinity, bounded by a container's CPU quota), at most
+``MAX_WORKERS``. Workers start when the pool is first asked for (``get_pool``), ideally while
+Dynamo and AOTAutograd still trace, and stop at exit.
 """
 from __future__ import annotations
 
@@ -50,15 +51,70 @@ stats = PoolStats()
 
 
 def worker_count() -> int:
-    """``TORCHFUSE_COMPILE_WORKERS``, else the CPUs available to this process (at most ``MAX_WORKERS``)."""
+    """``TORCHFUSE_COMPILE_WORKERS``, else the CPUs this process may use (``usable_cpus``), at most
+    ``MAX_WORKERS``."""
     configured = os.environ.get("TORCHFUSE_COMPILE_WORKERS", "").strip()
     if configured:
         return max(0, int(configured))
+    return max(1, min(usable_cpus(), MAX_WORKERS))
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on, bounded by its control group's CPU quota: a container
+    limited to 16 CPUs of a 192-CPU host sees all 192 in its affinity mask, and a worker per
+    CPU there would starve the process that traces the model (the quota throttles them all)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_WORKERS))
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, quota)) if quota is not None else cpus
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_quota(root: Path = CGROUP_ROOT, membership: str | None = None) -> int | None:
+    """CPUs' worth of time this process's control group may use a period, rounded up: the
+    smallest ``cpu.max`` (cgroup v2) of its group and the groups above it, or v1's
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``; None when unlimited or unreadable.
+    ``membership``: the text of /proc/self/cgroup (tests give their own)."""
+    try:
+        if membership is None:
+            membership = Path("/proc/self/cgroup").read_text()
+        limits = [limit for limit in map(_v2_limit, _v2_groups(root, membership)) if limit is not None]
+        if not limits and (root / "cpu" / "cpu.cfs_quota_us").exists():
+            limits = [_ratio(int((root / "cpu" / "cpu.cfs_quota_us").read_text()),
+                             int((root / "cpu" / "cpu.cfs_period_us").read_text()))]
+    except (OSError, ValueError):
+        return None
+    limits = [limit for limit in limits if limit is not None]
+    return min(limits) if limits else None
+
+
+def _v2_groups(root: Path, membership: str) -> list[Path]:
+    """The v2 group directories from this process's group up to ``root`` (a container's
+    namespace shows its own group as "/", the root)."""
+    paths = [line.split("::", 1)[1].strip() for line in membership.splitlines() if line.startswith("0::")]
+    group = root / paths[0].lstrip("/") if paths else root
+    groups = [group]
+    while group != root and root in group.parents:
+        group = group.parent
+        groups.append(group)
+    return groups
+
+
+def _v2_limit(group: Path) -> int | None:
+    limit = group / "cpu.max"
+    if not limit.exists():
+        return None
+    quota, period = limit.read_text().split()[:2]  # "max 100000" (unlimited) or "1600000 100000"
+    return None if quota == "max" else _ratio(int(quota), int(period))
+
+
+def _ratio(quota: int, period: int) -> int | None:
+    """CPUs a quota of ``quota`` microseconds per ``period`` allows, rounded up (None: no quota)."""
+    return -(-quota // period) if quota > 0 and period > 0 else None
 
 
 class WorkerDied(RuntimeError):
