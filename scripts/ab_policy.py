@@ -13,6 +13,10 @@ kernels' GPU times (profiler; the step time of a training case is mostly host ti
 A variant is LABEL=MODULE:NAME=VALUE (NAME may be ATTR.FIELD of a frozen dataclass; VALUE a
 Python literal); several assignments of one variant are separated by ';'. The baseline
 ("default") runs first and last, so drift within the process shows.
+
+``--plan`` needs no GPU: it prints, per variant, each kernel's launch at the case's size (grid,
+block, warps; ``fake_cuda_graphs.py``'s fake CUDA trace) and the bytes it reads, so that what a
+variant changes is known before device time is spent on it, and its timing can be explained.
 """
 from __future__ import annotations
 
@@ -101,6 +105,30 @@ def run_case(case: str, variants: list[tuple[str, list]], repeats: int, device: 
         print(f"{label:>14}: {ms * 1000:8.1f} us  (error {error:.2e}{flag})  {top}", flush=True)
 
 
+def plan_case(case: str, variants: list[tuple[str, list]], size: str) -> None:
+    """Each variant's kernels and their default launches for ``case`` on fake CUDA."""
+    import fake_cuda_graphs
+    from torchfuse.diagnostics.report import report
+    from torchfuse.options import Options
+    from torchfuse.pipeline import compile_graph
+
+    pattern = CASES[case]
+    inputs = pattern.make_inputs("cpu", torch.bfloat16, size)
+    graphs = fake_cuda_graphs.capture_step(lambda backend: lambda: torch.compile(pattern.fn, backend=backend)(*inputs))
+    configs = fake_cuda_graphs.record_launch_configs()
+    options = Options.from_user({"strict": True}, "default")
+    print(f"== {case}")
+    for label, assignments in variants[:-1]:  # the baseline once
+        launches = []
+        with replaced(assignments):
+            for kind, gm, example_inputs in graphs:
+                configs.clear()  # kernel names repeat between graphs
+                compile_graph(*fake_cuda_graphs.on_fake_cuda(gm, example_inputs), kind, options)
+                launches += [f"{configs[k.name]} {(k.bytes_read or 0) / 1e6:.0f} MB"
+                             for k in report().graphs[-1].kernels if k.name in configs]
+        print(f"{label:>14}: {'; '.join(launches)}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", required=True)
@@ -108,10 +136,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--size", default="bench", help="the patterns' size (small: a CPU smoke test)")
+    parser.add_argument("--plan", action="store_true", help="print each variant's launches (fake CUDA, no GPU)")
     args = parser.parse_args()
     variants = [("default", [])] + [parse_variant(v) for v in args.variant] + [("default", [])]
     for case in args.cases.split(","):
-        run_case(case, variants, args.repeats, torch.device(args.device), args.size)
+        if args.plan:
+            plan_case(case, variants, args.size)
+        else:
+            run_case(case, variants, args.repeats, torch.device(args.device), args.size)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import argparse
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from functorch.compile import make_boxed_func
@@ -50,16 +50,20 @@ CUDA = torch.device("cuda")
 def capture(case_name: str, quick: bool = True) -> list[tuple[str, torch.fx.GraphModule, list[Any]]]:
     """The ATen graphs (kind, graph, example inputs) of one step of the case, traced on the CPU."""
     (case,) = suites.select("models", torch.device("cuda"), {case_name})
+    workload = case.build(torch.device("cpu"), quick)
+    return capture_step(lambda backend: workload.make_step(lambda model: torch.compile(model, backend=backend)))
+
+
+def capture_step(make_step: Callable[[Any], Callable[[], Any]]) -> list[tuple[str, torch.fx.GraphModule, list[Any]]]:
+    """The ATen graphs of one call of ``make_step(backend)``'s step, traced on the CPU through
+    torchfuse's frontend (its decompositions and rewrites) with ``backend`` as torch.compile's."""
     graphs = []
 
     def keep(gm: torch.fx.GraphModule, example_inputs: list[Any], kind: str) -> Any:
         graphs.append((kind, gm, example_inputs))
         return make_boxed_func(gm.forward)
 
-    backend = aot_backend(keep, run_captured, strict=True)
-    workload = case.build(torch.device("cpu"), quick)
-    step = workload.make_step(lambda model: torch.compile(model, backend=backend))
-    step()
+    make_step(aot_backend(keep, run_captured, strict=True))()
     return graphs
 
 
