@@ -26,7 +26,7 @@ from torchfuse.codegen.triton.split import split_reductions
 from torchfuse.diagnostics import report as reports
 from torchfuse.diagnostics.model import AutotuneEntry, GraphReport, KernelReport
 from torchfuse.diagnostics.traffic import TrafficCounter
-from torchfuse.frontend.aot import incoming_gradients, mutated_inputs, saved_outputs_start, static_inputs
+from torchfuse.frontend.aot import mutated_inputs, saved_outputs_start, static_inputs
 from torchfuse.frontend.symbolic import shape_env_of, size_hint
 from torchfuse.ir.printer import format_graph
 from torchfuse.lowering.bias_epilogue import split_bias_into_pointwise_users, split_convolution_bias
@@ -144,7 +144,6 @@ def _with_cuda_graphs(call: Callable, state: CompileState) -> Callable:
     io = cudagraphs.GraphIO(mutated_inputs=mutated_inputs(state.gm),
                             saved_outputs_from=saved_outputs_start(state.report.kind),
                             static_inputs=static_inputs(state.report.kind, len(state.example_inputs)),
-                            fresh_inputs=incoming_gradients(state.gm, state.report.kind),
                             gradient_outputs=state.report.kind == "backward")
     shape_generic = any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and not _static_shape(x))
                         for x in state.example_inputs)

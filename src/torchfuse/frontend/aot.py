@@ -170,15 +170,6 @@ def static_inputs(kind: str, num_inputs: int) -> frozenset[int] | None:
     return frozenset(indices)
 
 
-def incoming_gradients(gm: torch.fx.GraphModule, kind: str) -> frozenset[int]:
-    """In a backward graph, the positions of the gradients flowing in (aot_autograd names those
-    placeholders ``tangents_N``): new tensors on every call, never at a stable address."""
-    if kind != "backward":
-        return frozenset()
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    return frozenset(i for i, n in enumerate(placeholders) if n.name.startswith("tangents"))
-
-
 def _is_dynamo_control_flow(error: Exception) -> bool:
     """Exceptions Dynamo uses to restart analysis (e.g. to re-trace with a float specialised):
     they are signals for Dynamo, not failures, and must reach it."""

@@ -6,10 +6,11 @@ A replay reads and writes fixed addresses, so the runner keeps these promises:
 - **Inputs.** An input already at a stable address (a parameter, a buffer, a tensor saved by a
   recorded forward graph) is read where it is: at record time it is static when aot_autograd
   says it is a parameter or buffer (``GraphIO.static_inputs``) or when it lives in memory a
-  recording of ours returned; where aot_autograd does not say (backward graphs, graphs from
-  the warm cache), an input the warm-up call saw at the same address counts as static too,
-  unless it is new on every call by construction (a backward's incoming gradients).
-  Every other input is copied into a buffer the runner owns before each replay: a fresh batch
+  recording of ours returned. A backward graph's inputs are its forward's saved tensors and
+  its incoming gradients: static only in a recording's memory (a saved input that the
+  forward cloned is new on every call, wherever the caching allocator happened to put it).
+  Where aot_autograd does not say for a forward (graphs from the warm cache), an input the
+  warm-up call saw at the same address counts as static too. Every other input is copied into a buffer the runner owns before each replay: a fresh batch
   that the caching allocator happened to put at the warm-up's address is not mistaken for a
   parameter. A static input that has moved runs that call on the default path; one that keeps
   moving is recorded again as a copied input.
@@ -117,16 +118,14 @@ class GraphIO:
             backward (None: unknown, or not a forward graph; every output is then cloned).
         gradient_outputs: a backward graph: its outputs are gradients, which the user may keep
             across calls (aliases until a replay finds them alive, then clones).
-        static_inputs: positions of parameters and buffers (None: unknown, judged by address).
-        fresh_inputs: positions of inputs that are new tensors on every call (a backward's
-            incoming gradients): copied even when found at the warm-up's address.
+        static_inputs: positions of parameters and buffers (None: unknown, judged by address,
+            except in a backward graph: see ``CudaGraphRunner._static_and_copied``).
     """
 
     mutated_inputs: frozenset[int] = frozenset()
     saved_outputs_from: int | None = None
     gradient_outputs: bool = False
     static_inputs: frozenset[int] | None = None
-    fresh_inputs: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -313,8 +312,14 @@ class CudaGraphRunner:
                 continue
             if self.io.static_inputs is not None:
                 stable = i in self.io.static_inputs
+            elif self.io.gradient_outputs:
+                # A backward's stable inputs are a recorded forward's saved tensors, in its
+                # recording's memory (below). Its others are new every call: the batch its
+                # forward saved (cloned out of the forward's copy-in buffer) once sat at the
+                # warm-up's address by chance, then moved on every replay (H100, 2026-12-07).
+                stable = False
             else:
-                stable = i not in self.io.fresh_inputs and layout.warmup_ptrs.get(i) == value.data_ptr()
+                stable = layout.warmup_ptrs.get(i) == value.data_ptr()
             stable = stable or _storage_key(value) in self.pool_storages
             if stable and i not in layout.always_copy:
                 static_ptrs[i] = value.data_ptr()
