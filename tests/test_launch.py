@@ -58,10 +58,12 @@ def test_block_sizes_follow_the_sizes():
     # Outer tiles put 32-128 rows on the lanes, RBLOCK reduced indices a step: 2048 elements
     # a step when the grid has programs enough to keep memory busy.
     assert reduction_config(False, 1 << 20, 784, outer=True) == launch.Config(8192, (128, 16), 8)
-    # Under 2 x MIN_PROGRAMS programs, tiles grow toward IN_FLIGHT_ELEMENTS over the grid
-    # (EfficientNet's squeeze-excite pool, 18432 outputs of 3136: [64 x 32] -> [64 x 128]).
+    # Under 2 x MIN_PROGRAMS programs, tiles grow toward IN_FLIGHT_ELEMENTS over the grid.
     assert reduction_config(False, 65_536, 784, outer=True) == launch.Config(512, (128, 32), 8)
-    assert reduction_config(False, 18_432, 3136, outer=True) == launch.Config(288, (64, 128), 8)
+    # A light step's lanes shrink to make three programs an SM: EfficientNet's squeeze-excite
+    # pool, 18432 outputs of 3136, takes 576 programs of [32 x 64], not 288 of [64 x 128].
+    assert reduction_config(False, 18_432, 3136, outer=True) == launch.Config(576, (32, 64), 8)
+    assert reduction_config(False, 18_432, 3136, outer=True, live_tiles=3) == launch.Config(288, (64, 32), 8)
     # Too few programs even at 32 lanes: longer steps, up to MAX_OUTER_TILE elements.
     assert reduction_config(False, 768, 4096, outer=True) == launch.Config(24, (32, 256), 8)
     # A small looped one (a batch norm's second stage, 72 channels x 896 partials) gets as many
@@ -79,7 +81,7 @@ def test_heavy_outer_steps_take_small_tiles():
     """An outer reduction step holding many tiles (accumulators and loads along both axes) gets
     a tile of about 8192 elements over all of them: Swin's LayerNorm weight and bias gradients
     (11 live tiles) ran 3x faster at [64 x 8], 4 warps, than at [128 x 64], 8 warps (H100)."""
-    assert reduction_config(False, 49_152, 196, outer=True) == launch.Config(384, (128, 64), 8)
+    assert reduction_config(False, 49_152, 196, outer=True) == launch.Config(768, (64, 32), 8)
     assert reduction_config(False, 49_152, 196, outer=True, live_tiles=11) == launch.Config(768, (64, 8), 4)
     # The lanes give way first, keeping 8 reduced rows a step; a warp per 128 elements; never
     # below 512 elements.

@@ -86,11 +86,15 @@ IN_FLIGHT_ELEMENTS, MAX_OUTER_TILE = 1 << 21, 8192
 # Persistent steps keep 4096, where T5's sum was measured; 8192 is unmeasured there.
 HEAVY_STEP_ELEMENTS, HEAVY_MIN_TILE, HEAVY_MIN_RBLOCK = 8192, 512, 8
 HEAVY_PERSISTENT_ELEMENTS = 4096
-# The grid a looped outer reduction's lanes shrink to fill (down to OUTER_MIN_XBLOCK). Its own
-# constant so that it can be A/B'd apart from the other kernels' MIN_PROGRAMS: on this CPU's
-# trace of MobileNetV3 training, 71% of the reductions' bytes (3.3 of 4.7 GB a step) run in
-# grids of 264-527 programs, two to four an SM, presumably latency-bound (gpu_notes, 2026-12-07).
-LOOPED_OUTER_MIN_PROGRAMS = MIN_PROGRAMS
+# The grid a looped outer reduction of a light step (one or two live tiles) shrinks its lanes to
+# fill (down to OUTER_MIN_XBLOCK): three programs an SM, not two. Measured on the H100
+# (scripts/ab_policy.py, 2026-12-07): EfficientNet's squeeze-excite pool over [128, 144, 56, 56]
+# channels-last (288 programs of [64 x 128] -> 576 of [32 x 64]) 101 -> 68 us, where splitting
+# it into chunks (1152 programs) took 73. Filling to four an SM gained nothing where the grid
+# had 512 programs already (a column sum 47.7 -> 48.7 us), and heavy steps lost or stayed:
+# RMSNorm's weight gradient 512 -> 1024 programs 153 -> 214 us, batch-norm statistics and
+# backward over 64 channels level. Heavy steps keep MIN_PROGRAMS.
+LOOPED_OUTER_MIN_PROGRAMS = 3 * MIN_PROGRAMS // 2
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
 # kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
@@ -262,7 +266,7 @@ def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int) -
         # kernel: fewer lanes a program buy more programs and longer steps (a batch norm's second
         # stage, 72 outputs x 896 partials, was one program of 56 steps a loop: 133 us on the H200).
         xblock = _fill_the_gpu(xnumel, rnumel, xblock, OUTER_MIN_XBLOCK, small_too=True,
-                               programs=LOOPED_OUTER_MIN_PROGRAMS)
+                               programs=MIN_PROGRAMS if heavy_tile else LOOPED_OUTER_MIN_PROGRAMS)
         tile = _outer_loop_tile(cdiv(xnumel, xblock))
         if heavy_tile and tile > heavy_tile:
             xblock = max(min(xblock, OUTER_MIN_XBLOCK), min(xblock, heavy_tile // HEAVY_MIN_RBLOCK))
