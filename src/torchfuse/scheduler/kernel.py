@@ -30,6 +30,9 @@ class KernelMember:
     # A scatter's destination index and mask with producers inlined, in its own variables.
     own_index: tuple[IndexEntry, ...] | None = None
     own_mask: Expr | None = None
+    # ``body``'s last result, with the body and var_map it was computed from (the scheduler and
+    # codegen ask for it many times: thousands of substitutions in a BERT backward).
+    _body_memo: tuple[Expr, dict, Expr] | None = field(default=None, repr=False)
 
     def body_at(self, index) -> Expr:
         """The inlined body read at ``index`` (how kernel-mates recompute a pointwise member)."""
@@ -38,8 +41,13 @@ class KernelMember:
 
     @property
     def body(self) -> Expr:
-        """The inlined body in kernel variables."""
-        return substitute_index(self.own_body if self.own_body is not None else self.node.body, self.var_map)
+        """The inlined body in kernel variables (recomputed when ``own_body`` or ``var_map`` is
+        replaced; neither is changed in place)."""
+        own = self.own_body if self.own_body is not None else self.node.body
+        memo = self._body_memo
+        if memo is None or memo[0] is not own or memo[1] is not self.var_map:
+            memo = self._body_memo = (own, self.var_map, substitute_index(own, self.var_map))
+        return memo[2]
 
     @property
     def index(self) -> tuple[IndexEntry, ...]:
