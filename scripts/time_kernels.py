@@ -43,9 +43,16 @@ Spec = tuple[str, torch.dtype, tuple[int, ...]]  # a buffer's name, dtype and sh
 
 
 def header_buffers(source: str) -> tuple[list[Spec], list[Spec]]:
-    """The buffers the header says the kernel reads, and those it writes, first mention kept."""
+    """The buffers the header says the kernel reads, and those it writes, first mention kept.
+    Headers of ``gpu_profile.py --sources`` say ``reads [...], writes [...]`` on a line; those
+    of ``fake_cuda_graphs.py --sources`` have a ``# reads`` or ``# writes`` line a buffer."""
     header = source.split("\n\n", 1)[0]
-    reads_text, _, writes_text = header.partition("writes [")
+    if "writes [" in header:
+        reads_text, _, writes_text = header.partition("writes [")
+    else:
+        lines = header.splitlines()
+        reads_text = "\n".join(line for line in lines if line.startswith("# reads"))
+        writes_text = "\n".join(line for line in lines if line.startswith("# writes"))
     found: list[list[Spec]] = [[], []]
     for text, out in ((reads_text, found[0]), (writes_text, found[1])):
         for name, dtype, dims in ACCESS.findall(text):
