@@ -133,7 +133,9 @@ def main() -> None:
             graph = report().graphs[-1]
             cpu_kernels = [k for k in graph.kernels if k.source and 'extern "C"' in k.source]
             stages = ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in graph.stage_seconds.items())
-            print(f"{name} {kind}: {len(graph.kernels)} kernels, {len(cpu_kernels)} on the CPU; "
+            combined = graph.combined_launches
+            launches = len(graph.kernels) - sum(len(parts) for parts in combined.values()) + len(combined)
+            print(f"{name} {kind}: {len(graph.kernels)} kernels in {launches} launches, {len(cpu_kernels)} on the CPU; "
                   f"CUDA graphs: {dict(graph.cudagraphs) or 'usable'}; our stages (s): {stages}")
             for kernel in cpu_kernels:
                 print(f"    CPU kernel {kernel.name}: {', '.join(kernel.ops)}")

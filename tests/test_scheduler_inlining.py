@@ -211,6 +211,31 @@ def test_broadcast_transcendental_table_is_stored_not_recomputed(target):
     assert len(kernels()) == 1, [(k.name, k.ops) for k in kernels()]
 
 
+def two_inference_batch_norms(x: torch.Tensor, stats: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """EfficientNet's BN + SiLU twice, in inference: each normalizes with 1 / sqrt(var + eps) of
+    its channel."""
+    for i in range(2):
+        mean, var, weight, bias = stats[2 * i], stats[2 * i + 1].abs() + 0.1, params[2 * i], params[2 * i + 1]
+        x = torch.nn.functional.silu(torch.nn.functional.batch_norm(x, mean, var, weight, bias, training=False))
+    return x
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_normalization_scale_is_stored_per_channel_not_recomputed_per_element(target):
+    """Each batch norm's 1 / sqrt(var + eps) is a table of its channels (policy.NORMALIZER_OPS):
+    the kernels over the activations read it and compute no square root. Both tables, of
+    parameters alone, are computed by one small kernel (on the GPU it may also join a combined
+    launch): no launch a norm is added."""
+    x = fresh_input(2, 6, 5, 7).contiguous(memory_format=torch.channels_last)
+    check(two_inference_batch_norms, x, fresh_input(4, 6), fresh_input(4, 6), target=target)
+    large = [k for k in kernels() if max(a.bytes for a in k.writes) == x.numel() * 4]
+    tables = [k for k in kernels() if k not in large]
+    assert large and not any(re.search(r"sqrt", k.source) for k in large), [k.source for k in large]
+    assert len(tables) == 1 and re.search(r"sqrt", tables[0].source), [k.ops for k in tables]
+    assert [a.bytes for a in tables[0].writes] == [6 * 4, 6 * 4]
+
+
 def window_attention_softmax(scores: torch.Tensor, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Swin's relative-position bias: a [H, N, N] gather from a [M, H] table, added to the
     [B, H, N, N] scores of every window before the softmax."""

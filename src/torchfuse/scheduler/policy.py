@@ -26,6 +26,12 @@ TRANSCENDENTAL_OPS = frozenset(
     "erf erfc erfinv lgamma".split())
 # Store such a table when a reader runs over at least this many times its elements.
 BROADCAST_REUSE = 8
+# Square roots make a normalization's per-channel scale (an inference batch norm's 1 / sqrt(var +
+# eps), of parameters alone): inlined into the [N, C, H, W] kernel that applies it, every element
+# recomputed its channel's sqrt and reciprocal, two of the four MUFU instructions an element of
+# EfficientNet's BN + SiLU kernels (scripts/kernel_sass.py: their arithmetic bounds 1.4-2x their
+# memory bounds on the H100). Stored, the table of parameters alone joins a combined launch.
+NORMALIZER_OPS = frozenset({"sqrt", "rsqrt"})
 # Gathers (a load at an index read from memory) are stored under the same rule: Swin's window
 # attention read its relative-position bias, a [3, 49, 49] gather from a [169, 3] table, over
 # [2048, 3, 49, 49] scores, i.e. an int64 index, a gathered float32 and the shift mask for each
@@ -44,6 +50,9 @@ class RealizeContext:
     accumulated_into: bool = False  # a scatter's base: the scatter adds into its memory
     elements: int | None = None  # its elements, where static
     reader_elements: int | None = None  # the most elements a reader (stored, or not inlinable) runs over
+    # Operations a reader would recompute per element: the node's own and those of its producers
+    # of the same size (inlined into it, unless stored for another reason).
+    chain_ops: frozenset[str] = frozenset()
 
 
 def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
@@ -57,9 +66,13 @@ def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
     if ctx.read_on_other_device:
         return FusionDecision.yes("read by a kernel on another device")
     if ctx.elements and ctx.reader_elements and ctx.reader_elements >= BROADCAST_REUSE * ctx.elements:
-        if any(isinstance(e, Op) and e.name in TRANSCENDENTAL_OPS for e in walk(node.body)):
+        ops = ctx.chain_ops | {e.name for e in walk(node.body) if isinstance(e, Op)}
+        if ops & TRANSCENDENTAL_OPS:
             return FusionDecision.yes(f"transcendental calls on {ctx.elements} elements that a reader would "
                                       f"recompute over {ctx.reader_elements}")
+        if ops & NORMALIZER_OPS:
+            return FusionDecision.yes(f"square roots on {ctx.elements} elements (a normalization's scale) "
+                                      f"that a reader would recompute over {ctx.reader_elements}")
         if node.dtype.is_floating_point and any(load.is_indirect for load in loads(node.body)):
             return FusionDecision.yes(f"a gather of {ctx.elements} elements that a reader would repeat "
                                       f"over {ctx.reader_elements}")

@@ -14,7 +14,7 @@ from typing import Union
 
 import torch
 
-from torchfuse.ir.expr import Expr, Load, count_ops, loads, read_buffers, substitute_index, walk
+from torchfuse.ir.expr import Expr, Load, Op, count_ops, loads, read_buffers, substitute_index, walk
 from torchfuse.ir.graph import Extern, Graph, Pointwise, Reduction, ScatterAdd
 from torchfuse.ir.symbols import product
 from torchfuse.scheduler import placement as placing
@@ -126,6 +126,10 @@ class _SchedulerState:
             if isinstance(node, (Reduction, ScatterAdd)):
                 self.realized.add(node.name)
                 continue
+            elements = _static_elements(node.shape)
+            reader_elements = max((_iteration_elements(self.nodes[r]) or 0 for r in readers if r in self.nodes),
+                                  default=None)
+            broadcast = bool(elements and reader_elements and reader_elements > elements)
             ctx = policy.RealizeContext(
                 is_output=node.name in outputs,
                 read_by_extern=any(r not in self.nodes for r in direct.get(node.name, [])),
@@ -133,14 +137,34 @@ class _SchedulerState:
                 read_on_other_device=any(r in self.nodes and not may_inline_across(node, self.nodes[r].device)
                                          for r in direct.get(node.name, [])),
                 accumulated_into=node.name in bases,
-                elements=_static_elements(node.shape),
-                reader_elements=max((_iteration_elements(self.nodes[r]) or 0 for r in readers if r in self.nodes),
-                                    default=None),
+                elements=elements,
+                reader_elements=reader_elements,
+                # walked only for a table that a larger reader broadcasts (the policy's question)
+                chain_ops=self._same_size_chain_ops(node) if broadcast else frozenset(),
             )
             if should_realize(node, ctx):
                 self.realized.add(node.name)
         self._store_shared_chains(effective, direct)
         self._store_values_that_cannot_travel(direct)
+
+    def _same_size_chain_ops(self, node: Pointwise) -> frozenset[str]:
+        """Operation names in ``node``'s body and in the pointwise producers of its size it
+        reads, transitively (a chain computed once per element of ``node`` when inlined)."""
+        elements = _static_elements(node.shape)
+        if elements is None:
+            return frozenset()
+        names: set[str] = set()
+        pending, seen = [node], {node.name}
+        while pending and len(seen) <= _LOADED_WALK:
+            current = pending.pop()
+            names.update(e.name for e in walk(current.body) if isinstance(e, Op))
+            for buffer in self._direct_reads(current.name):
+                producer = self.nodes.get(buffer)
+                if (buffer not in seen and isinstance(producer, Pointwise)
+                        and _static_elements(producer.shape) == elements):
+                    seen.add(buffer)
+                    pending.append(producer)
+        return frozenset(names)
 
     def _store_values_that_cannot_travel(self, direct: dict[str, list[str]]) -> None:
         """Store each 0-d CPU value a GPU kernel reads that the kernel could not recompute from
