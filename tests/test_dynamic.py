@@ -85,3 +85,27 @@ def test_variance_and_interpolation_with_symbolic_sizes():
         for got, want, ref in zip(compiled(x), fn(x), fn(x.double())):
             assert_close(got, want, reference=ref)
     assert not any(g.fallbacks for g in torchfuse.report().graphs)  # true_divide, convert_element_type lowered
+
+
+def _batch_norm_relu(x, w, b):
+    return torch.relu(F.batch_norm(x, None, None, w, b, training=True))
+
+
+def test_a_float_of_sizes_is_computed_as_python_does():
+    """A training batch norm's backward scales by ``1.0 / (N * H * W)``: with symbolic sizes a
+    SymFloat (torch's ``FloatTrueDiv`` of an ``IntTrueDiv``), once printed as an integer index
+    and refused on both targets (and by the wrapper, for an ATen call's argument). Kernels now
+    compute it from the sizes in float64, the wrapper in Python's own arithmetic."""
+    compiled = compile_strict(_batch_norm_relu, dynamic=True)
+    for shape in [(2, 4, 6, 6), (3, 4, 5, 7)]:
+        x = torch.randn(shape, device=DEVICE).contiguous(memory_format=torch.channels_last).requires_grad_()
+        w, b = torch.randn(4, device=DEVICE, requires_grad=True), torch.randn(4, device=DEVICE, requires_grad=True)
+        grad_out = torch.randn(shape, device=DEVICE)
+        actual = torch.autograd.grad(compiled(x, w, b), (x, w, b), grad_out)
+        expected = torch.autograd.grad(_batch_norm_relu(x, w, b), (x, w, b), grad_out)
+        wide = [t.detach().double().requires_grad_() for t in (x, w, b)]
+        reference = torch.autograd.grad(_batch_norm_relu(*wide), wide, grad_out.double())
+        for a, e, r in zip(actual, expected, reference):
+            assert_close(a, e, reference=r)
+    backward = [k.source or "" for g in torchfuse.report().graphs if g.kind == "backward" for k in g.kernels]
+    assert any("tl.float64" in source or "static_cast<double>" in source for source in backward)

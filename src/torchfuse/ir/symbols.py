@@ -142,6 +142,19 @@ def size_symbols(expr: sympy.Expr) -> set[sympy.Symbol]:
     return {s for s in sympy.sympify(expr).free_symbols if not is_loop_var(s)}
 
 
+# torch's sympy functions (torch.utils._sympy.functions) whose value is a float: a SymFloat of
+# sizes, e.g. a batch norm's ``1.0 / (N * H * W)`` in its decomposed backward.
+FLOAT_SIZE_FUNCTIONS = frozenset({"FloatTrueDiv", "IntTrueDiv", "ToFloat"})
+
+
+def is_float_size(expr: sympy.Expr) -> bool:
+    """Whether ``expr``, arithmetic on sizes, is float-valued (it holds a float number or one of
+    ``FLOAT_SIZE_FUNCTIONS``), not an integer index."""
+    expr = sympy.sympify(expr)
+    return bool(expr.atoms(sympy.Float)) or any(type(f).__name__ in FLOAT_SIZE_FUNCTIONS
+                                                for f in expr.atoms(sympy.Function))
+
+
 def product(values) -> sympy.Expr:
     result = sympy.Integer(1)
     for value in values:

@@ -17,17 +17,21 @@ import torch
 
 from torchfuse.codegen.cpp.kernel import CppKernel
 from torchfuse.codegen.triton.kernel import TritonKernel
+from torchfuse.codegen.float_sizes import float_size_text
 from torchfuse.codegen.triton.printer import print_index
 from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph, ScatterAdd
-from torchfuse.ir.symbols import contiguous_strides
+from torchfuse.ir.symbols import contiguous_strides, is_float_size
 from torchfuse.runtime.launch import Launcher
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel
 from torchfuse.scheduler.schedule import Schedule
 
 
 def py(expr: Any) -> str:
-    """Python text for a size expression."""
-    return print_index(sympy.sympify(expr), "tf_max", "tf_min")
+    """Python text for a size expression (float-valued ones in Python's own arithmetic)."""
+    expr = sympy.sympify(expr)
+    if is_float_size(expr):
+        return float_size_text(expr, str, repr)
+    return print_index(expr, "tf_max", "tf_min")
 
 
 def _tuple(values) -> str:

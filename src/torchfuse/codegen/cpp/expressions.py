@@ -12,12 +12,13 @@ from typing import Callable
 import sympy
 import torch
 
+from torchfuse.codegen.float_sizes import float_size_text
 from torchfuse.codegen.scope import CseWriter, Scope  # noqa: F401  (Scope re-exported)
 from torchfuse.codegen.cpp.ops import CPP_OPS
 from torchfuse.codegen.cpp.printer import compute_dtype, literal, print_index, storage_type, value_type
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where
 from torchfuse.ir.graph import Buffer
-from torchfuse.ir.symbols import simplify_index, size_symbols
+from torchfuse.ir.symbols import is_float_size, simplify_index, size_symbols
 
 
 @dataclass
@@ -61,7 +62,7 @@ class ExpressionWriter(CseWriter):
         if isinstance(expr, Const):
             return Value(literal(expr.value, expr.dtype), compute_dtype(expr.dtype), True)
         if isinstance(expr, IndexValue):
-            index = self.index_text(expr.index)
+            index = self.index_text(expr.index, as_float=expr.dtype.is_floating_point)
             text = f"({index} != 0)" if expr.dtype == torch.bool else f"static_cast<{value_type(expr.dtype)}>({index})"
             return self.assign(text, expr.dtype, scope)
         if isinstance(expr, Load):
@@ -118,9 +119,12 @@ class ExpressionWriter(CseWriter):
         offset = " + ".join([self.index_text(simplify_index(direct))] + terms)
         return self.assign(load_text(self.pointer_of(expr.buffer), offset, buffer.dtype), buffer.dtype, scope)
 
-    def index_text(self, expr: sympy.Expr) -> str:
-        """C++ text of an index; the sizes it mentions become kernel arguments."""
+    def index_text(self, expr: sympy.Expr, as_float: bool = False) -> str:
+        """C++ text of an index (with ``as_float``, of a float-valued size expression, in
+        double); the sizes it mentions become kernel arguments."""
         self.sizes_used |= size_symbols(sympy.sympify(expr))
+        if as_float and is_float_size(expr):
+            return float_size_text(expr, lambda name: f"static_cast<double>({name})", repr)
         return print_index(expr)
 
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import sympy
 import torch
 
+from torchfuse.codegen.float_sizes import float_size_text
 from torchfuse.codegen.scope import CseWriter, Scope  # noqa: F401  (Scope re-exported)
 from torchfuse.codegen.triton.guards import GuardedLoad, guard_branches, unclamp
 from torchfuse.codegen.triton.ops import OPERATOR_OPS, TRITON_OPS
 from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue, Load, Op, Where, index_symbols
 from torchfuse.ir.graph import Buffer
-from torchfuse.ir.symbols import simplify_index, size_symbols
+from torchfuse.ir.symbols import is_float_size, simplify_index, size_symbols
 
 # First letters of the index symbols that are blocks (xindex, rindex, and a 2-D tile's yindex);
 # anything else in an index (sizes, a tile's per-program zindex) is a scalar.
@@ -110,7 +112,7 @@ class ExpressionWriter(CseWriter):
         if isinstance(expr, Const):
             return Value(_literal(expr.value, expr.dtype), False)
         if isinstance(expr, IndexValue):
-            text = self.index_text(expr.index)
+            text = self.index_text(expr.index, as_float=expr.dtype.is_floating_point)
             is_tensor = any(_is_block_symbol(s) for s in expr.index.free_symbols)
             return self._assign(f"{text}" if is_tensor else text, is_tensor, scope, cast=expr.dtype)
         if isinstance(expr, Load):
@@ -224,12 +226,23 @@ class ExpressionWriter(CseWriter):
         of the dtype a load of it would give (half types compute in float32)."""
         return self._assign(f"tl.full({self.unit_shape}, {param}, {tl_dtype(compute_dtype(dtype))})", True, scope)
 
-    def index_text(self, expr: sympy.Expr) -> str:
+    def index_text(self, expr: sympy.Expr, as_float: bool = False) -> str:
+        """Text of an index; with ``as_float``, of a float-valued size expression (float64)."""
         self._note_sizes(expr)
+        if as_float and is_float_size(expr):
+            return float_size_text(expr, lambda name: f"tl.cast({name}, tl.float64)", _exact_float32_literal)
         return print_index(expr)
 
     def _note_sizes(self, expr: sympy.Expr) -> None:
         self.sizes_used |= size_symbols(expr)
+
+
+def _exact_float32_literal(value: float) -> str:
+    """A Python float constant in a Triton expression is a float32: only those it holds exactly
+    (1.0, 0.5, ...) are written as literals, since the float64 operand beside it widens them."""
+    if float(np.float32(value)) != value:
+        raise NotImplementedError(f"constant {value!r} of a float size expression is not exact in float32")
+    return repr(value)
 
 
 def _is_block_symbol(symbol: sympy.Symbol) -> bool:

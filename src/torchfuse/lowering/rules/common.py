@@ -9,6 +9,7 @@ import torch.fx
 
 from torchfuse.frontend.symbolic import shape_of
 from torchfuse.ir.expr import Cast, Const, Expr, IndexValue
+from torchfuse.ir.symbols import is_float_size
 from torchfuse.lowering.context import load_broadcast
 from torchfuse.lowering.values import TensorValue
 
@@ -65,7 +66,8 @@ def operand(value: Any, index: tuple, out_shape: tuple, dtype: torch.dtype) -> E
     if isinstance(value, TensorValue):
         return cast(load_broadcast(value, index, out_shape), dtype)
     if isinstance(value, sympy.Expr) and not value.is_number:
-        return cast(IndexValue(torch.int64, value), dtype)
+        # a SymFloat of sizes (1 / (N * H * W)) is computed in float64, as Python does
+        return cast(IndexValue(torch.float64 if is_float_size(value) else torch.int64, value), dtype)
     if isinstance(value, sympy.Expr):
         value = float(value) if value.is_Float else int(value)
     return Const(dtype, _convert_scalar(value, dtype))
