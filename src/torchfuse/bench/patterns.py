@@ -298,6 +298,22 @@ PATTERNS: tuple[Pattern, ...] = (
 BY_NAME: dict[str, Pattern] = {p.name: p for p in PATTERNS}
 
 
+def bn_silu_inference(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, w: torch.Tensor,
+                      b: torch.Tensor) -> torch.Tensor:
+    """EfficientNet's inference batch norm and SiLU over channels-last activations, with float32
+    statistics and parameters (each channel's 1 / sqrt(var + eps) is a table: policy.NORMALIZER_OPS)."""
+    return F.silu(F.batch_norm(x, mean, var, w, b, training=False))
+
+
+def _bn_inference_at(shape: tuple[int, ...]) -> Callable[..., Inputs]:
+    """Channels-last x at ``shape`` and float32 running statistics and affine parameters."""
+    def factory(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
+        x = _randn(shape, device, dtype, gen).contiguous(memory_format=torch.channels_last)
+        mean, var, w, b = (_randn((shape[1],), device, torch.float32, gen) for _ in range(4))
+        return x, mean, var.abs() + 0.5, w, b
+    return factory
+
+
 def _channels_last_at(shape: tuple[int, ...], grad: bool) -> Callable[..., Inputs]:
     """Inputs at ``shape`` whatever the size asked: x alone (statistics), or the backward's."""
     def factory(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
@@ -309,7 +325,7 @@ def _channels_last_at(shape: tuple[int, ...], grad: bool) -> Callable[..., Input
 
 # Kernels of real models at the models suite's sizes, for the policy tools (scripts/ab_policy.py,
 # scripts/sweep_configs.py), not the micro suite: MobileNetV3-large's batch norms and
-# EfficientNet-B0's squeeze-excite pools at batch 128.
+# EfficientNet-B0's squeeze-excite pools and inference batch norms at batch 128.
 MODEL_SIZED: dict[str, Pattern] = {p.name: p for p in (
     Pattern("bn_stats_128x64x112", bn_stats_channels_last, _channels_last_at((128, 64, 112, 112), False)),
     Pattern("bn_stats_128x24x56", bn_stats_channels_last, _channels_last_at((128, 24, 56, 56), False)),
@@ -317,6 +333,7 @@ MODEL_SIZED: dict[str, Pattern] = {p.name: p for p in (
             _channels_last_at((128, 64, 112, 112), True), needs_grad=True),
     Pattern("se_pool_128x144x56", squeeze_excite_pool, _channels_last_at((128, 144, 56, 56), False)),
     Pattern("se_pool_128x32x112", squeeze_excite_pool, _channels_last_at((128, 32, 112, 112), False)),
+    Pattern("bn_silu_infer_128x96x112", bn_silu_inference, _bn_inference_at((128, 96, 112, 112))),
 )}
 
 
