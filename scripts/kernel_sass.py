@@ -9,7 +9,7 @@ multiplies. This compiles each kernel source saved
 by ``fake_cuda_graphs.py --sources`` at the launch its header names (``# launch grid N [X x R]
 wW``), reads the SASS of its loops (``cuobjdump -sass``; the whole kernel when it has none),
 and prints per element: instructions, MUFU, conversions; then two lower bounds on its time on
-an H100: memory (the header's bytes at ``--copy-gbps``) and arithmetic (the busiest of the
+an H100: memory (the header's bytes at ``--copy-gbps``, reads once a loading pass) and arithmetic (the busiest of the
 issue slots, the float32 pipe, the integer pipe and the quarter-rate unit, over the largest
 buffer's elements). ``ALU`` marks kernels whose arithmetic bound is at least ``--flag`` of
 their memory bound. Estimates from static counts: a prediction to check with
@@ -92,16 +92,19 @@ def loop_ranges(instructions: list[tuple[int, str, str]]) -> list[tuple[int, int
     return [r for r in ranges if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in ranges)]
 
 
-def instruction_mix(sass: str, elements_per_thread: int) -> Mix:
-    """Opcodes per element a thread processes: counted over the innermost loops (each a pass over
-    all elements) or, without loops, over the whole kernel."""
+def instruction_mix(sass: str, elements_per_thread: int) -> tuple[Mix, int]:
+    """Opcodes per element a thread processes, counted over the innermost loops (each a pass over
+    all elements) or, without loops, over the whole kernel; and the passes that load (loops
+    with a global load: a two-pass variance reads its input twice)."""
     instructions = [(int(a, 16), op, operands) for a, op, _, operands in SASS_LINE.findall(sass)]
     ranges = loop_ranges(instructions)
     counts: collections.Counter = collections.Counter()
     for address, op, _ in instructions:
         if not ranges or any(start <= address <= end for start, end in ranges):
             counts[op] += 1
-    return Mix({op: n / elements_per_thread for op, n in counts.items()})
+    passes = sum(any(op == "LDG" and start <= address <= end for address, op, _ in instructions)
+                 for start, end in ranges)
+    return Mix({op: n / elements_per_thread for op, n in counts.items()}), max(1, passes)
 
 
 def compile_sm90(path: Path) -> tuple[bytes, dict] | str:
@@ -133,11 +136,17 @@ def compile_sm90(path: Path) -> tuple[bytes, dict] | str:
     header = source[source.index(f"def {kernel.function}("):].split("\n", 1)[0]
     for name in re.findall(r"\b(\w+numel)\b", header):
         signature[name] = "i32"
-    constexprs = {"XBLOCK": xblock, **({"RBLOCK": rblock} if rblock else {})}
+    blocks = {"XBLOCK": xblock, "RBLOCK": rblock}
+    constexprs = {name: size for name, size in blocks.items() if size and f"{name}: tl.constexpr" in header}
+    if set(re.findall(r"(\w+): tl\.constexpr", header)) != set(constexprs):
+        return f"its block parameters differ from the header's launch ({header.strip()})"
     signature.update({name: "constexpr" for name in constexprs})
     fn = kernel_cache.load_kernel(source, kernel.function, interpret=False)
-    compiled = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps})
+    try:
+        compiled = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": warps})
+    except Exception as error:  # noqa: BLE001 - a tool: say which kernel and go on
+        return f"compile failed ({type(error).__name__}: {str(error).splitlines()[0][:100]})"
     return compiled.asm["cubin"], {"grid": grid, "xblock": xblock, "rblock": rblock or 1, "warps": warps}
 
 
@@ -154,13 +163,14 @@ def analyse(path: Path, copy_gbps: float) -> dict | str:
         return compiled
     cubin, launch = compiled
     reads, writes = header_buffers(path.read_text())
-    moved = sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in reads + writes)
+    read, written = (sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in group) for group in (reads, writes))
     elements = max(math.prod(shape) for _, _, shape in reads + writes)
     per_thread = max(1, launch["xblock"] * launch["rblock"] // (32 * launch["warps"]))
-    mix = instruction_mix(sass_of(cubin), per_thread)
+    mix, passes = instruction_mix(sass_of(cubin), per_thread)
     alu_us = elements / SMS * mix.clocks_per_element() / (CLOCK_GHZ * 1e3)
-    return {"kernel": path.stem, "mb": moved / 1e6, "launch": launch, "mix": mix,
-            "memory_us": moved / (copy_gbps * 1e3), "alu_us": alu_us}
+    # each loading pass reads the input again (from memory: a pass's rows outgrow L2 here)
+    return {"kernel": path.stem, "mb": (read + written) / 1e6, "launch": launch, "mix": mix, "passes": passes,
+            "memory_us": (read * passes + written) / (copy_gbps * 1e3), "alu_us": alu_us}
 
 
 def main() -> int:
@@ -173,7 +183,7 @@ def main() -> int:
     paths = [p for p in args.kernels if p.suffix == ".py"]
     if args.top:
         paths = sorted(paths, key=_header_bytes, reverse=True)[:args.top]
-    print(f"{'kernel':<28} {'MB':>7} {'launch':<22} {'instr':>6} {'MUFU':>5} {'conv':>5} {'mem us':>7} {'ALU us':>7}")
+    print(f"{'kernel':<28} {'MB':>7} {'launch':<22} {'passes':>6} {'instr':>6} {'MUFU':>5} {'conv':>5} {'mem us':>7} {'ALU us':>7}")
     for path in paths:
         found = analyse(path, args.copy_gbps)
         if isinstance(found, str):
@@ -182,7 +192,7 @@ def main() -> int:
         mix, launch = found["mix"], found["launch"]
         shape = f"{launch['grid']} [{launch['xblock']} x {launch['rblock']}] w{launch['warps']}"
         flag = "  ALU" if found["alu_us"] >= args.flag * found["memory_us"] else ""
-        print(f"{found['kernel']:<28} {found['mb']:7.1f} {shape:<22} {mix.count():6.1f} "
+        print(f"{found['kernel']:<28} {found['mb']:7.1f} {shape:<22} {found['passes']:6d} {mix.count():6.1f} "
               f"{mix.count({'MUFU'}):5.2f} {mix.count(QUARTER - {'MUFU'}):5.2f} "
               f"{found['memory_us']:7.1f} {found['alu_us']:7.1f}{flag}")
     return 0

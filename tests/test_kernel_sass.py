@@ -74,5 +74,6 @@ def test_a_looped_reduction_is_counted_over_its_loop_not_its_prologue(tmp_path):
     sass = kernel_sass.sass_of(cubin)
     everything = len(kernel_sass.SASS_LINE.findall(sass))
     assert kernel_sass.loop_ranges([(int(a, 16), op, rest) for a, op, _, rest in kernel_sass.SASS_LINE.findall(sass)])
+    assert found["passes"] == 1
     assert found["mix"].count() < everything / 8 - 4
     assert 0 < found["alu_us"] < found["memory_us"]  # a plain sum of exps stays memory-bound
