@@ -125,6 +125,7 @@ def main() -> None:
     configs = record_launch_configs()
     for name in args.cases.split(","):
         for kind, gm, inputs in capture(name, quick=not args.full):
+            configs.clear()  # kernel names (kernelN) repeat between graphs
             try:
                 compile_graph(*on_fake_cuda(gm, inputs), kind, options)
             except Exception as error:  # noqa: BLE001 - e.g. a CPU tensor constant read by a CUDA op
