@@ -222,13 +222,19 @@ def two_inference_batch_norms(x: torch.Tensor, stats: torch.Tensor, params: torc
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("target", TARGETS)
-def test_a_normalization_scale_is_stored_per_channel_not_recomputed_per_element(target):
-    """Each batch norm's 1 / sqrt(var + eps) is a table of its channels (policy.NORMALIZER_OPS):
-    the kernels over the activations read it and compute no square root. Both tables, of
+def test_a_normalization_scale_is_stored_per_channel_not_recomputed_per_element(target, monkeypatch):
+    """Each batch norm's 1 / sqrt(var + eps) is a table of its channels (policy.NORMALIZER_OPS)
+    when the kernels reading it are large: they then compute no square root. Both tables, of
     parameters alone, are computed by one small kernel (on the GPU it may also join a combined
-    launch): no launch a norm is added."""
+    launch). Under ``NORMALIZER_MIN_READER_ELEMENTS`` the scale stays inlined (a launch of its
+    own would cost more than it saves)."""
     x = fresh_input(2, 6, 5, 7).contiguous(memory_format=torch.channels_last)
-    check(two_inference_batch_norms, x, fresh_input(4, 6), fresh_input(4, 6), target=target)
+    stats, params = fresh_input(4, 6), fresh_input(4, 6)
+    check(two_inference_batch_norms, x, stats, params, target=target)
+    assert all(max(a.bytes for a in k.writes) == x.numel() * 4 for k in kernels())  # no table
+    torchfuse.reset()
+    monkeypatch.setattr(policy, "NORMALIZER_MIN_READER_ELEMENTS", x.numel())
+    check(two_inference_batch_norms, x, stats, params, target=target)
     large = [k for k in kernels() if max(a.bytes for a in k.writes) == x.numel() * 4]
     tables = [k for k in kernels() if k not in large]
     assert large and not any(re.search(r"sqrt", k.source) for k in large), [k.source for k in large]

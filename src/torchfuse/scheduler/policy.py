@@ -31,7 +31,11 @@ BROADCAST_REUSE = 8
 # recomputed its channel's sqrt and reciprocal, two of the four MUFU instructions an element of
 # EfficientNet's BN + SiLU kernels (scripts/kernel_sass.py: their arithmetic bounds 1.4-2x their
 # memory bounds on the H100). Stored, the table of parameters alone joins a combined launch.
+# Only for readers of NORMALIZER_MIN_READER_ELEMENTS or more: two MUFU an element over 4 M
+# elements are ~4 us of an H100's SMs, about what a launch of its own would cost where the
+# table cannot join one (a small max-pool after BN + ReLU stays one kernel).
 NORMALIZER_OPS = frozenset({"sqrt", "rsqrt"})
+NORMALIZER_MIN_READER_ELEMENTS = 1 << 22
 # Gathers (a load at an index read from memory) are stored under the same rule: Swin's window
 # attention read its relative-position bias, a [3, 49, 49] gather from a [169, 3] table, over
 # [2048, 3, 49, 49] scores, i.e. an int64 index, a gathered float32 and the shift mask for each
@@ -70,7 +74,7 @@ def should_realize(node: Pointwise, ctx: RealizeContext) -> FusionDecision:
         if ops & TRANSCENDENTAL_OPS:
             return FusionDecision.yes(f"transcendental calls on {ctx.elements} elements that a reader would "
                                       f"recompute over {ctx.reader_elements}")
-        if ops & NORMALIZER_OPS:
+        if ops & NORMALIZER_OPS and ctx.reader_elements >= NORMALIZER_MIN_READER_ELEMENTS:
             return FusionDecision.yes(f"square roots on {ctx.elements} elements (a normalization's scale) "
                                       f"that a reader would recompute over {ctx.reader_elements}")
         if node.dtype.is_floating_point and any(load.is_indirect for load in loads(node.body)):
