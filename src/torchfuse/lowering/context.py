@@ -214,6 +214,10 @@ def is_dense(shape: Shape, strides: Shape) -> bool:
 
 def _as_strided_view(value: TensorValue, buffer: Buffer) -> ExternArg | None:
     """The value as (sizes, strides, offset) over ``buffer`` when its index map is affine."""
+    if value.is_identity and len(buffer.strides) == value.rank:
+        # the whole buffer as it lies (most ATen operands): its own strides, no index algebra
+        return ExternArg(value.buffer, value.shape, tuple(sympy.sympify(s) for s in buffer.strides),
+                         sympy.sympify(buffer.offset))
     offset_expr = simplify_index(buffer.flat_offset(value.index_map))
     coeffs = linear_coefficients(offset_expr, value.vars)
     if coeffs is None:
