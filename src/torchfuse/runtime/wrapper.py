@@ -16,8 +16,8 @@ import sympy
 import torch
 
 from torchfuse.codegen.cpp.kernel import CppKernel
-from torchfuse.codegen.triton.kernel import TritonKernel
 from torchfuse.codegen.float_sizes import float_size_text
+from torchfuse.codegen.triton.kernel import TritonKernel
 from torchfuse.codegen.triton.printer import print_index
 from torchfuse.ir.graph import Buffer, Extern, ExternArg, Graph, ScatterAdd
 from torchfuse.ir.symbols import contiguous_strides, is_float_size
