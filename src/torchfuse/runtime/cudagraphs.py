@@ -12,8 +12,9 @@ A replay reads and writes fixed addresses, so the runner keeps these promises:
   Where aot_autograd does not say for a forward (graphs from the warm cache), an input the
   warm-up call saw at the same address counts as static too. Every other input is copied
   into a buffer the runner owns before each replay: a fresh batch that the caching allocator
-  happened to put at the warm-up's address is not mistaken for a parameter. A static input that has moved runs that call on the default path; one that keeps
-  moving is recorded again as a copied input.
+  happened to put at the warm-up's address is not mistaken for a parameter. A static input
+  that has moved runs that call on the default path; one that keeps moving is recorded again
+  as a copied input.
 - **Mutated inputs** (an in-place optimizer step, BatchNorm's running statistics): static ones are
   written in place by the replay; copied ones are copied back after it.
 - **Outputs** live in the recording's memory and the next replay overwrites them. Outputs a user
