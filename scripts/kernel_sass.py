@@ -36,6 +36,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import torch  # noqa: E402
+from kernel_registers import cuobjdump  # noqa: E402
 from time_kernels import describe_kernel, header_buffers, pointer_buffers  # noqa: E402
 
 SMS, CLOCK_GHZ = 132, 1.755  # H100 SXM under load
@@ -50,7 +52,8 @@ INTEGER_RATE = 64
 NOT_ALU = re.compile(r"^(LDG|STG|LDS|STS|LDC|ULDC|BAR|BRA|EXIT|NOP|S2R|S2UR|CS2R|MOV|UMOV|SHFL|RED|ATOM\w*|MEMBAR|DEPBAR|WARPSYNC|BSSY|BSYNC|CALL|RET|U\w+)$")
 LAUNCH = re.compile(r"^# launch grid (\d+) \[(\d+)(?: x (\d+))?\] w(\d+)", re.M)
 SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)(\S*)\s*([^;]*);")
-TORCH_TO_TRITON = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "i64": "i64", "i32": "i32", "b1": "i1", "b8": "i1"}
+TRITON_POINTEE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64",
+                  torch.int32: "i32", torch.bool: "i1"}
 
 
 @dataclasses.dataclass
@@ -73,13 +76,10 @@ class Mix:
 
 
 def sass_of(cubin: bytes) -> str:
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
 def loop_ranges(instructions: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
@@ -132,7 +132,7 @@ def compile_sm90(path: Path) -> tuple[bytes, dict] | str:
     specs = pointer_buffers(source, kernel.function)
     if isinstance(specs, str):
         return specs
-    signature = {f"ptr{i}": "*" + TORCH_TO_TRITON[_short(dtype)] for i, (_, dtype, _) in enumerate(specs)}
+    signature = {f"ptr{i}": "*" + TRITON_POINTEE[dtype] for i, (_, dtype, _) in enumerate(specs)}
     header = source[source.index(f"def {kernel.function}("):].split("\n", 1)[0]
     for name in re.findall(r"\b(\w+numel)\b", header):
         signature[name] = "i32"
@@ -150,20 +150,13 @@ def compile_sm90(path: Path) -> tuple[bytes, dict] | str:
     return compiled.asm["cubin"], {"grid": grid, "xblock": xblock, "rblock": rblock or 1, "warps": warps}
 
 
-def _short(dtype) -> str:
-    import torch
-
-    return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int64: "i64",
-            torch.int32: "i32", torch.bool: "b1"}[dtype]
-
-
 def analyse(path: Path, copy_gbps: float) -> dict | str:
     compiled = compile_sm90(path)
     if isinstance(compiled, str):
         return compiled
     cubin, launch = compiled
     reads, writes = header_buffers(path.read_text())
-    read, written = (sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in group) for group in (reads, writes))
+    read, written = _bytes(reads), _bytes(writes)
     elements = max(math.prod(shape) for _, _, shape in reads + writes)
     per_thread = max(1, launch["xblock"] * launch["rblock"] // (32 * launch["warps"]))
     mix, passes = instruction_mix(sass_of(cubin), per_thread)
@@ -198,9 +191,13 @@ def main() -> int:
     return 0
 
 
+def _bytes(specs: list) -> int:
+    return sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in specs)
+
+
 def _header_bytes(path: Path) -> int:
     reads, writes = header_buffers(path.read_text())
-    return sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in reads + writes)
+    return _bytes(reads) + _bytes(writes)
 
 
 if __name__ == "__main__":
