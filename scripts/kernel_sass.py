@@ -15,7 +15,9 @@ buffer's elements). ``ALU`` marks kernels whose arithmetic bound is at least ``-
 their memory bound. Estimates from static counts: a prediction to check with
 ``time_kernels.py``, not a timing. Checked on the H100 (2026-12-07) on two squeeze-excite pools
 of the same shape and launch: measured 66 and 112 us where this says 50 and 62 (bounds, and
-the second, with one more rounding an element, is further above its own).
+the second, with one more rounding an element, is further above its own). Kernels compile
+with the runtime's specialization (aligned pointers, sizes divisible by 16 marked so): without
+it, flat pointwise kernels loaded one element a thread and their bounds came out ~1.5x high.
 
     python scripts/fake_cuda_graphs.py --cases efficientnet_b0_infer --full --sources /tmp/eff
     python scripts/kernel_sass.py /tmp/eff/efficientnet_b0_infer_inference/*.py --top 15
@@ -142,12 +144,38 @@ def compile_sm90(path: Path) -> tuple[bytes, dict] | str:
         return f"its block parameters differ from the header's launch ({header.strip()})"
     signature.update({name: "constexpr" for name in constexprs})
     fn = kernel_cache.load_kernel(source, kernel.function, interpret=False)
+    attrs = _runtime_specialization(list(signature), specs, guessed_sizes(source, kernel.kind))
     try:
-        compiled = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": warps})
     except Exception as error:  # noqa: BLE001 - a tool: say which kernel and go on
         return f"compile failed ({type(error).__name__}: {str(error).splitlines()[0][:100]})"
     return compiled.asm["cubin"], {"grid": grid, "xblock": xblock, "rblock": rblock or 1, "warps": warps}
+
+
+def guessed_sizes(source: str, kind: str) -> dict[str, int]:
+    """The launch's sizes as the header's buffers suggest them: a pointwise kernel runs over its
+    largest buffer; a reduction has as many outputs as its smallest stored buffer has elements
+    and rows of the largest buffer's elements over those (a split reduction's first stage is
+    guessed wrong; the guess only decides which sizes are taken as divisible by 16)."""
+    reads, writes = header_buffers(source)
+    largest = max(math.prod(shape) for _, _, shape in reads + writes)
+    if kind != "reduction" or not writes:
+        return {"xnumel": largest}
+    outputs = min(math.prod(shape) for _, _, shape in writes)
+    return {"xnumel": outputs, "rnumel": largest // outputs if outputs and largest % outputs == 0 else 1}
+
+
+def _runtime_specialization(names: list[str], specs: list, sizes: dict[str, int]) -> dict:
+    """Triton's specialization of a launch in the runtime: buffers from PyTorch's allocator are
+    16-byte aligned, and a size divisible by 16 is marked so (the JIT does both). Without it
+    every load and store compiles to one element a thread (a bound too high by half)."""
+    divisible = [["tt.divisibility", 16]]
+    attrs = {(i,): divisible for i in range(len(specs))}
+    for name, size in sizes.items():
+        if name in names and size % 16 == 0:
+            attrs[(names.index(name),)] = divisible
+    return attrs
 
 
 def analyse(path: Path, copy_gbps: float) -> dict | str:
