@@ -31,7 +31,7 @@ def loop_bodies(source: str) -> list[list[str]]:
         if current is not None and line.strip() and indent <= depth:
             bodies.append(current)
             current = None
-        if line.strip().startswith(("for roffset in range", "for rstep in range")):
+        if re.match(r"for (roffset|rstep) in (tl\.)?range\(", line.strip()):
             current, depth = [], indent
         elif current is not None and line.strip():
             current.append(line.strip())
@@ -42,7 +42,7 @@ def loop_bodies(source: str) -> list[list[str]]:
 
 def looped_sources() -> list[str]:
     sources = [k.source or "" for g in torchfuse.report().graphs for k in g.kernels]
-    return [s for s in sources if "for roffset in range" in s]
+    return [s for s in sources if re.search(r"for roffset in (tl\.)?range\(", s)]
 
 
 def register_arithmetic(line: str) -> bool:

@@ -41,6 +41,12 @@ INT32_LIMIT = 2**31 - 1
 # An outer tile holds RBLOCK x XBLOCK with XBLOCK >= 32 lanes along the rows, so a persistent
 # outer reduction fits 4096 elements only for short reduced axes.
 OUTER_PERSISTENT_LIMIT = 128
+# How many steps of a looped reduction's row Triton keeps in flight (``tl.range``'s
+# ``num_stages``: the loads of later steps go to shared memory by asynchronous copies while this
+# step computes). The compile option of the same name pipelines only loads that feed a ``dot``,
+# so a plain ``range`` loop waits out each step's loads: one 16-byte load a thread a step,
+# then the step's arithmetic with nothing in flight. 1 keeps the plain loop.
+LOOP_STAGES = 1
 # The program id a kernel starts from: int64 when its indices may pass 2**31 (``_needs_int64``).
 PROGRAM_ID, PROGRAM_ID_64 = "tl.program_id(0)", "tl.program_id(0).to(tl.int64)"
 
@@ -300,7 +306,9 @@ class KernelRenderer:
         softmax's passes) then starts with the blocks read last, those a cache may still hold."""
         backwards = self.loops_opened % 2 == 1
         self.loops_opened += 1
-        top.emit(f"for {'rstep' if backwards else 'roffset'} in range(0, rnumel, RBLOCK):")
+        steps = "range(0, rnumel, RBLOCK)" if LOOP_STAGES <= 1 else \
+            f"tl.range(0, rnumel, RBLOCK, num_stages={LOOP_STAGES})"
+        top.emit(f"for {'rstep' if backwards else 'roffset'} in {steps}:")
         loop = Scope(top.lines, top.indent + "    ", parent=top, header=len(top.lines) - 1)
         if backwards:
             loop.emit("roffset = (rnumel - 1) // RBLOCK * RBLOCK - rstep")
