@@ -1,8 +1,7 @@
 """The launch configurations ``mode="max-autotune"`` times for one kernel: a few around the default.
 
 A generated kernel's block sizes are ``tl.constexpr`` (``launch.py``), so every candidate runs
-the same source; only the tile, the warps that share it and (in a loop) the software
-pipelining depth change. Candidates stay close to the default (``launch.pointwise_config`` /
+the same source; only the tile and the warps that share it change. Candidates stay close to the default (``launch.pointwise_config`` /
 ``reduction_config``), which is always the first: a handful of neighbours where the default's
 heuristics are known to be unsure, not a grid search.
 
@@ -12,9 +11,10 @@ heuristics are known to be unsure, not a grid search.
   on the dtype, and whether more warps (latency hiding) beat wider loads depends on the GPU.
 - *Block sizes* (x2, /2): fewer, larger programs amortise index math and the final store of a
   reduction; more, smaller ones fill the SMs better. The default aims at two programs per SM.
-- *num_stages* (looped reductions only): how far Triton pipelines the loads of the next
-  ``RBLOCK`` chunk. The default (3) buys latency hiding with shared memory and registers; a
-  streaming reduction often does as well with 1 (Inductor's reductions use 1).
+- Not *num_stages*: Triton's compile option pipelines only loads that feed a ``dot``, which no
+  generated kernel has, so every value compiled the same binary (candidates of 1 stage were
+  timed until 2026-12-07). How far a row loop pipelines is in its source (``tl.range``'s
+  ``num_stages``, ``kernel.LOOP_STAGES``), the same for every config.
 
 What the index math requires of every candidate (``codegen/triton/kernel.py``): blocks are
 powers of two (``tl.arange``); a *persistent* reduction's RBLOCK covers its whole row (``rindex
@@ -87,8 +87,8 @@ def _persistent_neighbours(default: Config) -> list[Shape]:
 
 def _looped_neighbours(default: Config) -> list[Shape]:
     (xblock, rblock), warps = default.constexprs, default.num_warps
-    return [(xblock, rblock, warps, 1), (xblock, rblock * 2, warps * 2, None), (xblock, rblock // 2, warps, None),
-            (xblock, rblock, warps * 2, 1), (xblock * 2, rblock // 2, warps, None),
+    return [(xblock, rblock, warps // 2, None), (xblock, rblock * 2, warps * 2, None), (xblock, rblock // 2, warps, None),
+            (xblock, rblock, warps * 2, None), (xblock * 2, rblock // 2, warps, None),
             (xblock // 2, rblock * 2, warps, None)]
 
 
