@@ -37,6 +37,8 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i
           "i32": torch.int32, "b1": torch.bool, "b8": torch.bool}
 ACCESS = re.compile(r"BufferAccess\(name='(\w+)', shape='(\w+)\[([\d, ]*)\]'")
 MIN_TILE, MAX_TILE = 512, 8192
+# TritonKernel.special_step, from the text of the loops: an exp, a library call, a float division.
+SPECIAL_TEXT = re.compile(r"tl\.exp2?\(|tl\.log2?\(|tl\.sqrt|libdevice\.|[^/]\s/\s")
 
 
 Spec = tuple[str, torch.dtype, tuple[int, ...]]  # a buffer's name, dtype and shape
@@ -110,6 +112,18 @@ def make_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype, device="cuda")
 
 
+def _first_loop(body: str) -> str:
+    """The lines of a kernel's first row loop (``for roffset ...`` and what it indents)."""
+    lines = body[body.index("for roffset"):].splitlines()
+    depth = len(lines[0]) - len(lines[0].lstrip())
+    loop = [lines[0]]
+    for line in lines[1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= depth:
+            break
+        loop.append(line)
+    return "\n".join(loop)
+
+
 def describe_kernel(source: str) -> types.SimpleNamespace:
     function = re.search(r"^def (tf_\w+)\(", source, re.M).group(1)
     body = source[source.index(f"def {function}("):]
@@ -118,8 +132,10 @@ def describe_kernel(source: str) -> types.SimpleNamespace:
     # along both axes.
     live = len(re.findall(r"= tl\.full\(\[(RBLOCK, XBLOCK|XBLOCK, RBLOCK)\]|\btile\d+ = tl\.where", body))
     live += len(re.findall(r"tl\.load\([^\n]*xmask & rmask", body))
+    looped = reduction and "for roffset" in body
     return types.SimpleNamespace(
         function=function, source=source, tile=None, live_tiles=live if reduction else 0,
+        special_step=looped and SPECIAL_TEXT.search(_first_loop(body)) is not None,
         kind="reduction" if reduction else "pointwise",
         persistent=reduction and "for roffset" not in body,
         outer="tl.arange(0, XBLOCK)[None, :]" in body)
@@ -128,7 +144,8 @@ def describe_kernel(source: str) -> types.SimpleNamespace:
 def config_grid(kernel: types.SimpleNamespace, xnumel: int, rnumel: int) -> list[Config]:
     """The default, then power-of-two tiles of MIN_TILE to MAX_TILE elements with 1 (persistent)
     or 2 to 8 warps; a looped reduction's RBLOCK from 8 to 64 (outer) or to its row (inner)."""
-    default = default_config(kernel.kind, kernel.persistent, kernel.outer, None, xnumel, rnumel, kernel.live_tiles)
+    default = default_config(kernel.kind, kernel.persistent, kernel.outer, None, xnumel, rnumel, kernel.live_tiles,
+                             kernel.special_step)
     if kernel.kind != "reduction":
         return [default]
     found = [default]
@@ -162,7 +179,8 @@ def sweep(path: str, xnumel: int, rnumel: int, keep: int) -> dict:
     args = tuple(make_tensor(dtype, shape) for _, dtype, shape in specs)
     moved = sum(a.numel() * a.element_size() for a in args)
     launch = PredictedLaunch(xnumel, rnumel, tuple(PointerArg(a.dtype, a.data_ptr() % 16 == 0) for a in args))
-    launcher = Launcher(fn, kernel.kind, kernel.persistent, outer=kernel.outer, live_tiles=kernel.live_tiles)
+    launcher = Launcher(fn, kernel.kind, kernel.persistent, outer=kernel.outer, live_tiles=kernel.live_tiles,
+                        special_step=kernel.special_step)
     launcher.current_device, launcher.current_stream = _cuda_device_and_stream()
     ready = triton_ahead.compile_ahead({kernel.function: kernel}, {kernel.function: fn},
                                        {kernel.function: launch}, configs={kernel.function: configs})

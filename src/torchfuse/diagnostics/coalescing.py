@@ -110,7 +110,7 @@ class Access:
 def launcher(kernel) -> Launcher:
     """The launcher the wrapper builds for a rendered ``TritonKernel`` (for its config)."""
     return Launcher(None, kernel.kind, kernel.persistent, direct=False, outer=kernel.outer, tile=kernel.tile,
-                    live_tiles=kernel.live_tiles)
+                    live_tiles=kernel.live_tiles, special_step=kernel.special_step)
 
 
 def index_lines(source: str) -> dict[str, str]:

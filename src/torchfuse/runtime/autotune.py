@@ -116,7 +116,7 @@ class KernelTuner:
     def __init__(self, name: str, kernel: TritonKernel, on_choice: Callable[[Choice], None] | None = None) -> None:
         self.name = name
         self.kind, self.persistent, self.outer = kernel.kind, kernel.persistent, kernel.outer
-        self.live_tiles = kernel.live_tiles
+        self.live_tiles, self.special_step = kernel.live_tiles, kernel.special_step
         self.function = kernel.function
         self.module_digest = module_digest(kernel)
         self.effects = effects_of(kernel.source)
@@ -128,7 +128,8 @@ class KernelTuner:
         choice was timed now, the direct launch of its binary (compiled while timing)."""
         started = time.perf_counter()
         default = launcher.config(xnumel, rnumel)
-        candidates = candidate_configs(self.kind, self.persistent, self.outer, xnumel, rnumel, self.live_tiles)
+        candidates = candidate_configs(self.kind, self.persistent, self.outer, xnumel, rnumel, self.live_tiles,
+                                       self.special_step)
         why = _why_untuned(candidates, default)
         if why:
             self._report(Choice(self.name, xnumel, rnumel, default, default, f"default: {why}"), "untuned", started)
@@ -354,7 +355,7 @@ def configs_to_compile(kernels: dict[str, TritonKernel], predictions: dict[str, 
         if not isinstance(launch, PredictedLaunch) or kernel is None:
             continue
         candidates = candidate_configs(kernel.kind, kernel.persistent, kernel.outer, launch.xnumel, launch.rnumel,
-                                       kernel.live_tiles)
+                                       kernel.live_tiles, kernel.special_step)
         if len(candidates) <= 1 or candidates[0] != defaults(kernel, launch):
             continue
         spec = predicted_key(launch.xnumel, launch.rnumel, launch.args)[2:]

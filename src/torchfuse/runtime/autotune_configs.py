@@ -39,7 +39,7 @@ INT32_REACH = 2**31 - 1  # the last index a 32-bit ``pid * XBLOCK + arange`` may
 
 
 def candidate_configs(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int,
-                      live_tiles: int = 0) -> list[Config]:
+                      live_tiles: int = 0, special_step: bool = False) -> list[Config]:
     """The configs to time for one launch, the default first, without duplicates.
 
     Args:
@@ -49,12 +49,13 @@ def candidate_configs(kind: str, persistent: bool, outer: bool, xnumel: int, rnu
         outer: a reduction tiled [RBLOCK, XBLOCK], the lanes along the rows.
         xnumel, rnumel: the launch's sizes (rnumel is 0 for pointwise kernels).
         live_tiles: a reduction's tiles live in one step (``TritonKernel.live_tiles``).
+        special_step: a looped step computes special functions (``TritonKernel.special_step``).
     """
     if kind == "pointwise":
         default = pointwise_config(xnumel)
         shapes = _pointwise_neighbours(default)
     elif kind == "reduction":
-        default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles)
+        default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step)
         shapes = _persistent_neighbours(default) if persistent else _looped_neighbours(default)
     else:
         return []

@@ -95,6 +95,15 @@ HEAVY_PERSISTENT_ELEMENTS = 4096
 # RMSNorm's weight gradient 512 -> 1024 programs 153 -> 214 us, batch-norm statistics and
 # backward over 64 channels level. Heavy steps keep MIN_PROGRAMS.
 LOOPED_OUTER_MIN_PROGRAMS = 3 * MIN_PROGRAMS // 2
+# A light looped outer step that computes special functions of each element (a squeeze-excite
+# pool over a BN + SiLU: two MUFU instructions and two roundings an element) is bound by that
+# arithmetic's latency, not by bytes in flight: it wants many small programs. Measured on the
+# H100 (scripts/time_kernels.py, 2026-12-07, EfficientNet-B0's pools, 60 configs each):
+# [RBLOCK 64 x XBLOCK 16], 8 warps, is within 2% of the best of each: 113.5 -> 81.0 us (576
+# programs of [64 x 32] before), 66.9 -> 57.7 (384 of [256 x 32]), 76.0 -> 70.1 (512 of
+# [32 x 128]). Steps without them keep the tiles above (batch-norm statistics: 140 us at its
+# [16 x 64], 135 at the best). 16 bf16 lanes are a 32-byte sector.
+SPECIAL_STEP_TILE = (16, 64)  # (XBLOCK, RBLOCK)
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side
 # kept at 32 or more when shrinking to fill the GPU (a warp's 32 lanes along either run).
@@ -209,12 +218,13 @@ def tile_config(znumel: int, ynumel: int, xnumel: int) -> Config:
 
 
 def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = False,
-                     live_tiles: int = 0) -> Config:
+                     live_tiles: int = 0, special_step: bool = False) -> Config:
     """Grid and (XBLOCK, RBLOCK) of a reduction: ``outer`` tiles are [RBLOCK, XBLOCK] with the
     lanes along the rows; inner ones [XBLOCK, RBLOCK], a whole row (persistent) or RBLOCK of
-    it at a time (looped). ``live_tiles``: the tiles one step holds (0: unknown, taken as few)."""
+    it at a time (looped). ``live_tiles``: the tiles one step holds (0: unknown, taken as few);
+    ``special_step``: a looped step computes special functions of each element."""
     if outer:
-        return _outer_config(persistent, xnumel, rnumel, live_tiles)
+        return _outer_config(persistent, xnumel, rnumel, live_tiles, special_step)
     if persistent:
         rblock = max(2, next_power_of_2(rnumel))
         if rblock <= SHORT_ROW_RBLOCK:
@@ -241,7 +251,7 @@ def _short_rows_config(xnumel: int, rnumel: int, rblock: int) -> Config:
     return Config(cdiv(xnumel, xblock), (xblock, rblock), warps)
 
 
-def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int) -> Config:
+def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int, special_step: bool = False) -> Config:
     xblock = min(OUTER_XBLOCK, max(2, next_power_of_2(xnumel)))
     heavy_tile = _heavy_step_tile(live_tiles, HEAVY_PERSISTENT_ELEMENTS if persistent else HEAVY_STEP_ELEMENTS)
     if persistent:
@@ -261,6 +271,10 @@ def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int) -
             # memory. The grouped-query heads' sum of 4, [4 x 512]: 589 us with 8 warps, 41 us
             # with 1 or 2 on the H200.
             return Config(cdiv(xnumel, xblock), (xblock, rblock), max(1, min(8, xblock // 256)))
+    elif special_step and not heavy_tile:
+        xblock = min(SPECIAL_STEP_TILE[0], max(2, next_power_of_2(xnumel)))
+        rblock = max(2, min(next_power_of_2(rnumel), SPECIAL_STEP_TILE[1]))
+        return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 1024 else 4)
     else:
         # A looped program takes rnumel / RBLOCK steps one after the other, however small the
         # kernel: fewer lanes a program buy more programs and longer steps (a batch norm's second
@@ -317,15 +331,17 @@ class Launcher:
         tile: a pointwise kernel tiled [YBLOCK, XBLOCK]: its (Z, Y, X) extents
             (codegen/triton/tiles2d.py); it launches like a 1-D one, with (xnumel, 0, args).
         live_tiles: a reduction's tiles live in one step (``TritonKernel.live_tiles``).
+        special_step: a looped step computes special functions (``TritonKernel.special_step``).
     """
 
     def __init__(self, fn: Any, kind: str, persistent: bool = False, direct: bool | None = None,
                  current_device: Callable[[], int] | None = None,
                  current_stream: Callable[[int], int] | None = None, outer: bool = False,
                  tile: tuple[int, int, int] | None = None, live_tiles: int = 0,
-                 fixed_args: frozenset[int] = frozenset()) -> None:
+                 fixed_args: frozenset[int] = frozenset(), special_step: bool = False) -> None:
         self.fn = fn
         self.live_tiles = live_tiles
+        self.special_step = special_step
         self.kind = kind
         self.persistent = persistent
         self.outer = outer
@@ -453,18 +469,19 @@ class Launcher:
 
     def config(self, xnumel: int, rnumel: int) -> Config:
         """The default config for these sizes."""
-        return default_config(self.kind, self.persistent, self.outer, self.tile, xnumel, rnumel, self.live_tiles)
+        return default_config(self.kind, self.persistent, self.outer, self.tile, xnumel, rnumel, self.live_tiles,
+                              self.special_step)
 
 
 def default_config(kind: str, persistent: bool, outer: bool, tile: tuple[int, int, int] | None,
-                   xnumel: int, rnumel: int, live_tiles: int = 0) -> Config:
+                   xnumel: int, rnumel: int, live_tiles: int = 0, special_step: bool = False) -> Config:
     """The config of a launch when nothing is tuned (``tile_config`` / ``pointwise_config`` /
     ``reduction_config``): what a ``Launcher`` launches and what ``triton_ahead`` compiles."""
     if tile is not None:
         return tile_config(*tile)
     if kind in FLAT_KINDS:
         return pointwise_config(xnumel)
-    return reduction_config(persistent, xnumel, rnumel, outer, live_tiles)
+    return reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step)
 
 
 def _specialization(arg: Any) -> Any:

@@ -480,7 +480,8 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
         if isinstance(value, TritonKernel):
             kernel = value
             value = Launcher(launchers[kernel.name], kernel.kind, kernel.persistent, outer=kernel.outer, tile=kernel.tile,
-                             live_tiles=kernel.live_tiles, fixed_args=(fixed_args or {}).get(name, frozenset()))
+                             live_tiles=kernel.live_tiles, fixed_args=(fixed_args or {}).get(name, frozenset()),
+                             special_step=kernel.special_step)
             if ahead and kernel.name in ahead:
                 launch, loads = ahead[kernel.name]
                 for load in loads:

@@ -27,7 +27,7 @@ from torchfuse.codegen.triton.scatter import emit_scatter, scatter_order
 from torchfuse.codegen.triton.tiles2d import Tile2D, pointwise_tile
 from torchfuse.codegen.triton.tiling import reduction_tiling
 from torchfuse.ir.devices import is_kernel_scalar
-from torchfuse.ir.expr import Expr, Load, loads, substitute_index
+from torchfuse.ir.expr import Expr, Load, Op, loads, substitute_index, walk
 from torchfuse.ir.graph import Buffer, Reduction
 from torchfuse.ir.symbols import FloorDiv, ModIndex, product, simplify_index, size_symbols
 from torchfuse.scheduler.kernel import FusedKernel, KernelMember
@@ -47,6 +47,10 @@ OUTER_PERSISTENT_LIMIT = 128
 # so a plain ``range`` loop waits out each step's loads: one 16-byte load a thread a step,
 # then the step's arithmetic with nothing in flight. 1 keeps the plain loop.
 LOOP_STAGES = 1
+# IR ops that compile to the SM's special function unit (MUFU: exp2, reciprocal, square root),
+# at 16 an SM a clock on sm_90 against 128 float32 adds: a SiLU is two, a float division one.
+SPECIAL_OPS = frozenset({"exp", "exp2", "sigmoid", "tanh", "log", "log2", "sqrt", "rsqrt", "reciprocal", "truediv",
+                         "sin", "cos"})
 # The program id a kernel starts from: int64 when its indices may pass 2**31 (``_needs_int64``).
 PROGRAM_ID, PROGRAM_ID_64 = "tl.program_id(0)", "tl.program_id(0).to(tl.int64)"
 
@@ -91,6 +95,10 @@ class TritonKernel:
     # A reduction's tile-shaped values live in one step: its accumulators and its loads that vary
     # along both axes (launch.reduction_config keeps the tiles of heavy ones small); 0 otherwise.
     live_tiles: int = 0
+    # A looped reduction whose step computes special functions for each element (SPECIAL_OPS:
+    # exp, reciprocal, square root, on the SM's quarter-rate unit): launch.reduction_config gives
+    # light outer ones small tiles and many programs.
+    special_step: bool = False
 
 
 def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
@@ -417,7 +425,15 @@ class KernelRenderer:
                             scalar_args, self.kernel.device.type, function,
                             self.outer, self.tile2d.numels if self.tile2d is not None else None,
                             overwritable_inputs(self.kernel, self.buffers),
-                            live_tiles=self.writer.tile_loads + self.accumulators if self.is_reduction else 0)
+                            live_tiles=self.writer.tile_loads + self.accumulators if self.is_reduction else 0,
+                            special_step=self._special_step())
+
+    def _special_step(self) -> bool:
+        """Whether a looped reduction computes a special function of each element it reduces."""
+        if not self.is_reduction or self.persistent:
+            return False
+        return any(isinstance(e, Op) and e.name in SPECIAL_OPS
+                   for m in self.kernel.members if m.role == "reduction" for e in walk(self.flat_body(m)))
 
 
 def canonical_function_name(kind: str, signature_and_body: str) -> str:

@@ -1,0 +1,77 @@
+"""Light looped outer reductions whose step computes special functions of each element (a
+squeeze-excite pool over BN + SiLU) launch many small programs (launch.SPECIAL_STEP_TILE);
+those without keep the usual tiles. The renderer marks the step (TritonKernel.special_step)
+from the IR, and the launch rule reads the mark."""
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from conftest import DEVICE, assert_close
+from torchfuse import pipeline
+from torchfuse.diagnostics.model import GraphReport
+from torchfuse.frontend.decompositions import decomposition_table
+from torchfuse.options import Options
+from torchfuse.codegen.triton.kernel import SPECIAL_OPS
+from torchfuse.runtime.launch import SPECIAL_STEP_TILE, reduction_config
+
+
+def compile_triton(fn):
+    return torch.compile(fn, backend="torchfuse", options={"target": "triton", "strict": True})
+
+
+def test_a_light_outer_step_with_special_functions_takes_small_tiles():
+    special = reduction_config(False, 18432, 3136, outer=True, live_tiles=2, special_step=True)
+    plain = reduction_config(False, 18432, 3136, outer=True, live_tiles=2)
+    assert special.constexprs == SPECIAL_STEP_TILE and special.grid == 18432 // SPECIAL_STEP_TILE[0]
+    assert plain.constexprs != special.constexprs
+    # heavy steps (many live tiles) keep their own rule; persistent and inner ones ignore the mark
+    heavy = reduction_config(False, 18432, 3136, outer=True, live_tiles=6, special_step=True)
+    assert heavy == reduction_config(False, 18432, 3136, outer=True, live_tiles=6)
+    assert reduction_config(False, 4096, 8192, special_step=True) == reduction_config(False, 4096, 8192)
+    # fewer lanes than the tile's: the lanes shrink to the outputs, the rows to the row
+    small = reduction_config(False, 6, 40, outer=True, live_tiles=1, special_step=True)
+    assert small.constexprs == (8, 64) and small.grid == 1
+
+
+def _pool(x, mean, rstd, weight, bias):
+    y = (x - mean) * rstd * weight + bias
+    return torch.nn.functional.silu(y).mean((2, 3))
+
+
+def _rendered_reductions(fn, args) -> list:
+    """The rendered reduction kernels of ``fn`` on the Triton target (nothing runs)."""
+    gm = make_fx(fn, decomposition_table=decomposition_table())(*args)
+    state = pipeline.CompileState(gm, list(args), Options(target="triton"), "triton",
+                                  GraphReport("g", "inference", "triton"))
+    pipeline.stage_lower(state)
+    pipeline.stage_schedule(state)
+    rendered = [pipeline.render_triton_kernel(k, state.graph.buffers, int) for k in state.plan.kernels]
+    return [k for k in rendered if k.kind == "reduction"]
+
+
+def _pool_inputs(batch: int = 64, c: int = 144, hw: int = 28) -> list[torch.Tensor]:
+    """Enough outputs (9216) that the pool is not split, rows (784) too long to be persistent."""
+    x = torch.randn(batch, c, hw, hw).to(memory_format=torch.channels_last)
+    params = [torch.randn(1, c, 1, 1) for _ in range(4)]
+    params[1] = params[1].abs() + 0.5
+    return [x, *params]
+
+
+def test_the_renderer_marks_a_looped_pool_over_silu_and_not_a_plain_sum():
+    args = _pool_inputs()
+    (pool,) = _rendered_reductions(_pool, args)
+    assert pool.outer and not pool.persistent and pool.special_step, pool.source
+    (total,) = _rendered_reductions(lambda t: t.sum((2, 3)), args[:1])
+    assert total.outer and not total.persistent and not total.special_step, total.source
+    assert SPECIAL_OPS >= {"exp", "sigmoid", "truediv", "rsqrt"}
+
+
+def test_a_pool_over_silu_launched_with_the_small_tiles_is_right():
+    """Odd sizes (rows of 169: a last step of 41; 1488 outputs, under the 2**18 elements a split
+    needs): the last step's rows are masked."""
+    torch.manual_seed(0)
+    x, *params = [a.to(DEVICE) for a in _pool_inputs(batch=31, c=48, hw=13)]
+    got = compile_triton(_pool)(x, *params)
+    want = _pool(x.double(), *[p.double() for p in params])
+    assert_close(got, _pool(x, *params), reference=want)
