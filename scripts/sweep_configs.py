@@ -33,11 +33,13 @@ WARPS = (1, 2, 4, 8, 16)
 MAX_TILE = 16384
 
 
-def grid(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int, live_tiles: int = 0) -> list[Config]:
-    """The default first, then every config of the grid the kernel computes correctly with."""
+def grid(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int, live_tiles: int = 0,
+         special_step: bool = False) -> list[Config]:
+    """The default first, then every config of the grid the kernel computes correctly with.
+    (No stage counts: Triton's option pipelines only dot loads, so they compile one binary.)"""
     if kind != "reduction":
-        return autotune_configs.candidate_configs(kind, persistent, outer, xnumel, rnumel, live_tiles)
-    default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles)
+        return autotune_configs.candidate_configs(kind, persistent, outer, xnumel, rnumel, live_tiles, special_step)
+    default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step)
     rblock = default.constexprs[1]
     rblocks = [rblock] if persistent else sorted({max(2, rblock // 4), max(2, rblock // 2), rblock, rblock * 2})
     found = [default]
@@ -46,10 +48,9 @@ def grid(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int, liv
             if xblock * rblock > MAX_TILE:
                 break
             for warps in (WARPS if persistent else WARPS[1:4]):
-                for stages in ((None,) if persistent else (None, 1)):
-                    config = autotune_configs._make(xnumel, xblock, rblock, warps, stages)
-                    if config not in found and _fits(config, persistent, outer, xnumel, rnumel):
-                        found.append(config)
+                config = autotune_configs._make(xnumel, xblock, rblock, warps, None)
+                if config not in found and _fits(config, persistent, outer, xnumel, rnumel):
+                    found.append(config)
     return found
 
 
