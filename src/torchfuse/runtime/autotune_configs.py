@@ -1,9 +1,9 @@
 """The launch configurations ``mode="max-autotune"`` times for one kernel: a few around the default.
 
 A generated kernel's block sizes are ``tl.constexpr`` (``launch.py``), so every candidate runs
-the same source; only the tile and the warps that share it change. Candidates stay close to the default (``launch.pointwise_config`` /
-``reduction_config``), which is always the first: a handful of neighbours where the default's
-heuristics are known to be unsure, not a grid search.
+the same source; only the tile and the warps that share it change. Candidates stay close to
+the default (``launch.pointwise_config`` / ``reduction_config``), which is always the first: a
+handful of neighbours where the default's heuristics are known to be unsure, not a grid search.
 
 - *Warps* (x2, /2): with ``num_warps`` warps over a block of B elements each thread holds
   B / (32 * num_warps) consecutive elements, which sets the width of its loads: 16-byte vector

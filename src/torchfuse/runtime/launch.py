@@ -99,10 +99,10 @@ LOOPED_OUTER_MIN_PROGRAMS = 3 * MIN_PROGRAMS // 2
 # pool over a BN + SiLU: two MUFU instructions and two roundings an element) is bound by that
 # arithmetic's latency, not by bytes in flight: it wants many small programs. Measured on the
 # H100 (scripts/time_kernels.py, 2026-12-07, EfficientNet-B0's pools, 60 configs each):
-# [RBLOCK 64 x XBLOCK 16], 8 warps, is within 2% of the best of each: 113.5 -> 81.0 us (576
-# programs of [64 x 32] before), 66.9 -> 57.7 (384 of [256 x 32]), 76.0 -> 70.1 (512 of
-# [32 x 128]). Steps without them keep the tiles above (batch-norm statistics: 140 us at its
-# [16 x 64], 135 at the best). 16 bf16 lanes are a 32-byte sector.
+# [XBLOCK 16 x RBLOCK 64], 8 warps, is within 2% of the best of each: 113.5 -> 81.0 us (576
+# programs of [32 x 64] before), 66.9 -> 57.7 (384 of [32 x 256]), 76.0 -> 70.1 (512 of
+# [128 x 32]). Steps without them keep the tiles above (batch-norm statistics: 140 us at its
+# [64 x 16], 135 at the best). 16 bf16 lanes are a 32-byte sector.
 SPECIAL_STEP_TILE = (16, 64)  # (XBLOCK, RBLOCK)
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side

@@ -314,8 +314,8 @@ class KernelRenderer:
         softmax's passes) then starts with the blocks read last, those a cache may still hold."""
         backwards = self.loops_opened % 2 == 1
         self.loops_opened += 1
-        steps = "range(0, rnumel, RBLOCK)" if LOOP_STAGES <= 1 else \
-            f"tl.range(0, rnumel, RBLOCK, num_stages={LOOP_STAGES})"
+        steps = ("range(0, rnumel, RBLOCK)" if LOOP_STAGES <= 1
+                 else f"tl.range(0, rnumel, RBLOCK, num_stages={LOOP_STAGES})")
         top.emit(f"for {'rstep' if backwards else 'roffset'} in {steps}:")
         loop = Scope(top.lines, top.indent + "    ", parent=top, header=len(top.lines) - 1)
         if backwards:
