@@ -9,10 +9,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from conftest import DEVICE, assert_close
 from torchfuse import pipeline
+from torchfuse.codegen.triton.kernel import SPECIAL_OPS
 from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend.decompositions import decomposition_table
 from torchfuse.options import Options
-from torchfuse.codegen.triton.kernel import SPECIAL_OPS
 from torchfuse.runtime.launch import SPECIAL_STEP_TILE, reduction_config
 
 
