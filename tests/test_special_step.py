@@ -1,6 +1,6 @@
-"""Light looped outer reductions whose step computes special functions of each element (a
-squeeze-excite pool over BN + SiLU) launch many small programs (launch.SPECIAL_STEP_TILE);
-those without keep the usual tiles. The renderer marks the step (TritonKernel.special_step)
+"""Light looped outer reductions whose step computes special functions of each element among
+SPECIAL_STEP_MIN_OPS ops or more (a squeeze-excite pool over BN + SiLU) launch many small
+programs (launch.SPECIAL_STEP_TILE); others (a SiLU alone, a plain sum) keep the usual tiles. The renderer marks the step (TritonKernel.special_step)
 from the IR, and the launch rule reads the mark."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from conftest import DEVICE, assert_close
 from torchfuse import pipeline
-from torchfuse.codegen.triton.kernel import SPECIAL_OPS
+from torchfuse.codegen.triton.kernel import SPECIAL_OPS, SPECIAL_STEP_MIN_OPS
 from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend.decompositions import decomposition_table
 from torchfuse.options import Options
@@ -35,8 +35,15 @@ def test_a_light_outer_step_with_special_functions_takes_small_tiles():
 
 
 def _pool(x, mean, rstd, weight, bias):
-    y = (x - mean) * rstd * weight + bias
+    """EfficientNet's squeeze-excite pool: a BN in float32 rounded to bfloat16, SiLU, the mean
+    (10 ops an element)."""
+    y = ((x.float() - mean) * rstd * weight + bias).to(x.dtype)
     return torch.nn.functional.silu(y).mean((2, 3))
+
+
+def _silu_pool(x):
+    """The pattern's pool (bench.patterns.squeeze_excite_pool): SiLU alone, 4 ops an element."""
+    return torch.nn.functional.silu(x).mean((2, 3))
 
 
 def _rendered_reductions(fn, args) -> list:
@@ -52,19 +59,20 @@ def _rendered_reductions(fn, args) -> list:
 
 def _pool_inputs(batch: int = 64, c: int = 144, hw: int = 28) -> list[torch.Tensor]:
     """Enough outputs (9216) that the pool is not split, rows (784) too long to be persistent."""
-    x = torch.randn(batch, c, hw, hw).to(memory_format=torch.channels_last)
+    x = torch.randn(batch, c, hw, hw).to(torch.bfloat16).to(memory_format=torch.channels_last)
     params = [torch.randn(1, c, 1, 1) for _ in range(4)]
     params[1] = params[1].abs() + 0.5
     return [x, *params]
 
 
-def test_the_renderer_marks_a_looped_pool_over_silu_and_not_a_plain_sum():
+def test_the_renderer_marks_a_pool_over_bn_and_silu_not_a_silu_alone_nor_a_plain_sum():
     args = _pool_inputs()
     (pool,) = _rendered_reductions(_pool, args)
     assert pool.outer and not pool.persistent and pool.special_step, pool.source
-    (total,) = _rendered_reductions(lambda t: t.sum((2, 3)), args[:1])
-    assert total.outer and not total.persistent and not total.special_step, total.source
-    assert SPECIAL_OPS >= {"exp", "sigmoid", "truediv", "rsqrt"}
+    for fn in (_silu_pool, lambda t: t.sum((2, 3))):
+        (other,) = _rendered_reductions(fn, args[:1])
+        assert other.outer and not other.persistent and not other.special_step, other.source
+    assert SPECIAL_OPS >= {"exp", "sigmoid", "truediv", "rsqrt"} and SPECIAL_STEP_MIN_OPS > 4
 
 
 def test_a_pool_over_silu_launched_with_the_small_tiles_is_right():
@@ -73,5 +81,5 @@ def test_a_pool_over_silu_launched_with_the_small_tiles_is_right():
     torch.manual_seed(0)
     x, *params = [a.to(DEVICE) for a in _pool_inputs(batch=31, c=48, hw=13)]
     got = compile_triton(_pool)(x, *params)
-    want = _pool(x.double(), *[p.double() for p in params])
+    want = _pool(x.double(), *[p.double() for p in params]).to(torch.bfloat16)
     assert_close(got, _pool(x, *params), reference=want)

@@ -102,7 +102,8 @@ LOOPED_OUTER_MIN_PROGRAMS = 3 * MIN_PROGRAMS // 2
 # [XBLOCK 16 x RBLOCK 64], 8 warps, is within 2% of the best of each: 113.5 -> 81.0 us (576
 # programs of [32 x 64] before), 66.9 -> 57.7 (384 of [32 x 256]), 76.0 -> 70.1 (512 of
 # [128 x 32]). Steps without them keep the tiles above (batch-norm statistics: 140 us at its
-# [64 x 16], 135 at the best). 16 bf16 lanes are a 32-byte sector.
+# [64 x 16], 135 at the best), and so do short steps: a pool over a SiLU alone lost at this
+# tile, 65.3 -> 70.2 us (kernel.SPECIAL_STEP_MIN_OPS). 16 bf16 lanes are a 32-byte sector.
 SPECIAL_STEP_TILE = (16, 64)  # (XBLOCK, RBLOCK)
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side

@@ -27,7 +27,7 @@ from torchfuse.codegen.triton.scatter import emit_scatter, scatter_order
 from torchfuse.codegen.triton.tiles2d import Tile2D, pointwise_tile
 from torchfuse.codegen.triton.tiling import reduction_tiling
 from torchfuse.ir.devices import is_kernel_scalar
-from torchfuse.ir.expr import Expr, Load, Op, loads, substitute_index, walk
+from torchfuse.ir.expr import Expr, Load, Op, count_ops, loads, substitute_index, walk
 from torchfuse.ir.graph import Buffer, Reduction
 from torchfuse.ir.symbols import FloorDiv, ModIndex, product, simplify_index, size_symbols
 from torchfuse.scheduler.kernel import FusedKernel, KernelMember
@@ -51,6 +51,11 @@ LOOP_STAGES = 1
 # at 16 an SM a clock on sm_90 against 128 float32 adds: a SiLU is two, a float division one.
 SPECIAL_OPS = frozenset({"exp", "exp2", "sigmoid", "tanh", "log", "log2", "sqrt", "rsqrt", "reciprocal", "truediv",
                          "sin", "cos"})
+# ... in a step of at least this many ops an element (ir.expr.count_ops). Measured on the H100
+# (2026-12-07): a pool over BN + SiLU with its two roundings (10 ops) gained from small tiles
+# (113.5 -> 81.0 us), a pool over a SiLU alone (4 ops: sigmoid, multiply, rounding) lost
+# (65.3 -> 70.2 us). 8 lies between the two; no step of 5 to 9 ops was measured.
+SPECIAL_STEP_MIN_OPS = 8
 # The program id a kernel starts from: int64 when its indices may pass 2**31 (``_needs_int64``).
 PROGRAM_ID, PROGRAM_ID_64 = "tl.program_id(0)", "tl.program_id(0).to(tl.int64)"
 
@@ -96,8 +101,8 @@ class TritonKernel:
     # along both axes (launch.reduction_config keeps the tiles of heavy ones small); 0 otherwise.
     live_tiles: int = 0
     # A looped reduction whose step computes special functions for each element (SPECIAL_OPS:
-    # exp, reciprocal, square root, on the SM's quarter-rate unit): launch.reduction_config gives
-    # light outer ones small tiles and many programs.
+    # exp, reciprocal, square root, on the SM's quarter-rate unit) among SPECIAL_STEP_MIN_OPS ops
+    # or more: launch.reduction_config gives light outer ones small tiles and many programs.
     special_step: bool = False
 
 
@@ -429,11 +434,13 @@ class KernelRenderer:
                             special_step=self._special_step())
 
     def _special_step(self) -> bool:
-        """Whether a looped reduction computes a special function of each element it reduces."""
+        """Whether a looped reduction computes a special function of each element it reduces, in
+        a step of SPECIAL_STEP_MIN_OPS ops or more."""
         if not self.is_reduction or self.persistent:
             return False
-        return any(isinstance(e, Op) and e.name in SPECIAL_OPS
-                   for m in self.kernel.members if m.role == "reduction" for e in walk(self.flat_body(m)))
+        bodies = [self.flat_body(m) for m in self.kernel.members if m.role == "reduction"]
+        special = any(isinstance(e, Op) and e.name in SPECIAL_OPS for body in bodies for e in walk(body))
+        return special and sum(count_ops(body) for body in bodies) >= SPECIAL_STEP_MIN_OPS
 
 
 def canonical_function_name(kind: str, signature_and_body: str) -> str:
