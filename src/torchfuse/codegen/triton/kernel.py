@@ -51,10 +51,10 @@ LOOP_STAGES = 1
 # at 16 an SM a clock on sm_90 against 128 float32 adds: a SiLU is two, a float division one.
 SPECIAL_OPS = frozenset({"exp", "exp2", "sigmoid", "tanh", "log", "log2", "sqrt", "rsqrt", "reciprocal", "truediv",
                          "sin", "cos"})
-# ... in a step of at least this many ops an element (ir.expr.count_ops). Measured on the H100
-# (2026-12-07): a pool over BN + SiLU with its two roundings (10 ops) gained from small tiles
-# (113.5 -> 81.0 us), a pool over a SiLU alone (4 ops: sigmoid, multiply, rounding) lost
-# (65.3 -> 70.2 us). 8 lies between the two; no step of 5 to 9 ops was measured.
+# A marked step also has at least this many ops an element (ir.expr.count_ops, casts counted).
+# Measured on the H100 (2026-12-07): a pool over BN + SiLU with its two roundings (10 ops)
+# gained from small tiles (113.5 -> 81.0 us), a pool over a SiLU alone (4 ops) lost (65.3 ->
+# 70.2 us). 8 lies between the two; no step of 5 to 9 ops was measured.
 SPECIAL_STEP_MIN_OPS = 8
 # The program id a kernel starts from: int64 when its indices may pass 2**31 (``_needs_int64``).
 PROGRAM_ID, PROGRAM_ID_64 = "tl.program_id(0)", "tl.program_id(0).to(tl.int64)"
