@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from kernel_registers import cuobjdump  # noqa: E402
-from time_kernels import describe_kernel, header_buffers, pointer_buffers  # noqa: E402
+from time_kernels import LAUNCH, describe_kernel, header_buffers, pointer_buffers  # noqa: E402
 
 SMS, CLOCK_GHZ = 132, 1.755  # H100 SXM under load
 # Thread-instructions a clock an SM, compute capability 9.0 (CUDA C++ Programming Guide,
@@ -52,7 +52,6 @@ QUARTER = {"MUFU", "F2F", "F2FP", "I2F", "F2I", "I2FP", "F2IP"}
 QUARTER_RATE = 16
 INTEGER_RATE = 64
 NOT_ALU = re.compile(r"^(LDG|STG|LDS|STS|LDC|ULDC|BAR|BRA|EXIT|NOP|S2R|S2UR|CS2R|MOV|UMOV|SHFL|RED|ATOM\w*|MEMBAR|DEPBAR|WARPSYNC|BSSY|BSYNC|CALL|RET|U\w+)$")
-LAUNCH = re.compile(r"^# launch grid (\d+) \[(\d+)(?: x (\d+))?\] w(\d+)", re.M)
 SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)(\S*)\s*([^;]*);")
 TRITON_POINTEE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64",
                   torch.int32: "i32", torch.bool: "i1"}

@@ -37,8 +37,12 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i
           "i32": torch.int32, "b1": torch.bool, "b8": torch.bool}
 ACCESS = re.compile(r"BufferAccess\(name='(\w+)', shape='(\w+)\[([\d, ]*)\]'")
 MIN_TILE, MAX_TILE = 512, 8192
-# TritonKernel.special_step, from the text of the loops: an exp, a library call, a float division.
+# TritonKernel.special_step, from the text of the loops: an exp, a library call, a float division
+# (without the renderer's op floor, kernel.SPECIAL_STEP_MIN_OPS: a guess, used only where the
+# header does not give the launch).
 SPECIAL_TEXT = re.compile(r"tl\.exp2?\(|tl\.log2?\(|tl\.sqrt|libdevice\.|[^/]\s/\s")
+# The launch fake_cuda_graphs.py --sources writes into a reduction's header: the default config.
+LAUNCH = re.compile(r"^# launch grid (\d+) \[(\d+)(?: x (\d+))?\] w(\d+)", re.M)
 
 
 Spec = tuple[str, torch.dtype, tuple[int, ...]]  # a buffer's name, dtype and shape
@@ -144,8 +148,8 @@ def describe_kernel(source: str) -> types.SimpleNamespace:
 def config_grid(kernel: types.SimpleNamespace, xnumel: int, rnumel: int) -> list[Config]:
     """The default, then power-of-two tiles of MIN_TILE to MAX_TILE elements with 1 (persistent)
     or 2 to 8 warps; a looped reduction's RBLOCK from 8 to 64 (outer) or to its row (inner)."""
-    default = default_config(kernel.kind, kernel.persistent, kernel.outer, None, xnumel, rnumel, kernel.live_tiles,
-                             kernel.special_step)
+    default = header_launch(kernel.source, xnumel) or default_config(
+        kernel.kind, kernel.persistent, kernel.outer, None, xnumel, rnumel, kernel.live_tiles, kernel.special_step)
     if kernel.kind != "reduction":
         return [default]
     found = [default]
@@ -163,6 +167,15 @@ def config_grid(kernel: types.SimpleNamespace, xnumel: int, rnumel: int) -> list
                 if config not in found:
                     found.append(config)
     return found
+
+
+def header_launch(source: str, xnumel: int) -> Config | None:
+    """The reduction launch the header names, when it is one over ``xnumel`` outputs."""
+    found = LAUNCH.search(source)
+    if found is None or found.group(3) is None:
+        return None
+    grid, xblock, rblock, warps = (int(g) for g in found.groups())
+    return Config(grid, (xblock, rblock), warps) if grid == cdiv(xnumel, xblock) else None
 
 
 def sweep(path: str, xnumel: int, rnumel: int, keep: int) -> dict:
