@@ -438,7 +438,8 @@ class KernelRenderer:
         a step of SPECIAL_STEP_MIN_OPS ops or more."""
         if not self.is_reduction or self.persistent:
             return False
-        bodies = [self.flat_body(m) for m in self.kernel.members if m.role == "reduction"]
+        # op names and counts do not depend on the index: the member's body as it is, not re-indexed
+        bodies = [m.body for m in self.kernel.members if m.role == "reduction"]
         special = any(isinstance(e, Op) and e.name in SPECIAL_OPS for body in bodies for e in walk(body))
         return special and sum(count_ops(body) for body in bodies) >= SPECIAL_STEP_MIN_OPS
 
