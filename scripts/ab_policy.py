@@ -114,6 +114,7 @@ def plan_case(case: str, variants: list[tuple[str, list]], size: str) -> None:
 
     pattern = CASES[case]
     inputs = pattern.make_inputs("cpu", torch.bfloat16, size)
+    torch._dynamo.reset()  # a case after the first would hit Dynamo's cache, or recompile shape-generic
     graphs = fake_cuda_graphs.capture_step(lambda backend: lambda: torch.compile(pattern.fn, backend=backend)(*inputs))
     configs = fake_cuda_graphs.record_launch_configs()
     options = Options.from_user({"strict": True}, "default")

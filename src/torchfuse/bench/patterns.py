@@ -305,6 +305,13 @@ def bn_silu_inference(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, w:
     return F.silu(F.batch_norm(x, mean, var, w, b, training=False))
 
 
+def bn_silu_pool_inference(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, w: torch.Tensor,
+                           b: torch.Tensor) -> torch.Tensor:
+    """EfficientNet's squeeze-excite pool as the model computes it: the inference batch norm and
+    SiLU fused into the mean over H*W (about 10 ops an element: the special-step tile's case)."""
+    return bn_silu_inference(x, mean, var, w, b).mean((2, 3), keepdim=True)
+
+
 def _bn_inference_at(shape: tuple[int, ...]) -> Callable[..., Inputs]:
     """Channels-last x at ``shape`` and float32 running statistics and affine parameters."""
     def factory(device: torch.device | str, dtype: torch.dtype, size: str, gen: torch.Generator) -> Inputs:
@@ -334,6 +341,9 @@ MODEL_SIZED: dict[str, Pattern] = {p.name: p for p in (
     Pattern("se_pool_128x144x56", squeeze_excite_pool, _channels_last_at((128, 144, 56, 56), False)),
     Pattern("se_pool_128x32x112", squeeze_excite_pool, _channels_last_at((128, 32, 112, 112), False)),
     Pattern("bn_silu_infer_128x96x112", bn_silu_inference, _bn_inference_at((128, 96, 112, 112))),
+    Pattern("bn_silu_pool_128x144x56", bn_silu_pool_inference, _bn_inference_at((128, 144, 56, 56))),
+    Pattern("bn_silu_pool_128x480x14", bn_silu_pool_inference, _bn_inference_at((128, 480, 14, 14))),
+    Pattern("bn_silu_pool_128x1152x7", bn_silu_pool_inference, _bn_inference_at((128, 1152, 7, 7))),
 )}
 
 
