@@ -10,6 +10,10 @@
 # Each pass has its own kernel cache and sees no GPU. TORCHFUSE_ISA_PASSES=1 runs them after a run
 # with arguments too, =0 skips them; they are skipped on CPUs that are not x86-64.
 # The exit status is the first failing pass's, and a recap of every pass is printed at the end.
+#
+# Without arguments every pass runs on one pytest-xdist worker per usable CPU (at most 8: each
+# worker holds its own torch, ~1-2 GB); TORCHFUSE_TEST_WORKERS=N sets the count for any run, and
+# 0 or 1 runs in this process. With arguments the run stays in one process unless that is set.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -25,6 +29,19 @@ if [[ -z "$isa_passes" ]]; then
 fi
 case "$(uname -m)" in x86_64 | amd64) ;; *) isa_passes=0 ;; esac
 
+workers="${TORCHFUSE_TEST_WORKERS:-}"
+if [[ -z "$workers" ]]; then
+    workers=$([[ $# -eq 0 ]] && "$TORCHFUSE_PYTHON" -c 'import os; print(min(8, len(os.sched_getaffinity(0))))' || echo 0)
+fi
+parallel=()
+if [[ "$workers" -gt 1 ]]; then
+    if "$TORCHFUSE_PYTHON" -c 'import xdist' 2>/dev/null; then
+        parallel=(-n "$workers")
+    else
+        echo "test.sh: pytest-xdist is not installed; running in one process" >&2
+    fi
+fi
+
 status=0
 recap=()
 run_pass() {  # run_pass NAME [ENV=VALUE...] -- PYTEST_ARGS...
@@ -33,7 +50,7 @@ run_pass() {  # run_pass NAME [ENV=VALUE...] -- PYTEST_ARGS...
     local env_args=()
     while [[ "$1" != "--" ]]; do env_args+=("$1"); shift; done
     shift
-    env ${env_args[@]+"${env_args[@]}"} "$TORCHFUSE_PYTHON" -m pytest "$@" || code=$?
+    env ${env_args[@]+"${env_args[@]}"} "$TORCHFUSE_PYTHON" -m pytest ${parallel[@]+"${parallel[@]}"} "$@" || code=$?
     recap+=("$name: exit $code, $((SECONDS - started)) s")
     if [[ $code -ne 0 && $status -eq 0 ]]; then status=$code; fi
     if [[ $code -eq 2 ]]; then isa_passes=0; fi  # interrupted (Ctrl-C): no further passes
