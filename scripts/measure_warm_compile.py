@@ -11,8 +11,7 @@ three alike. Each process times the first call as ``torchfuse bench`` does
 (bench/compile_time.timed_first_call: imports and device start-up paid by a tiny warm-up first);
 the medians are printed with the split of diagnostics/compile_times.py (and the GC's seconds).
 
-On a GPU (``--device cuda``) the cases are the bench's (bench/models.py, full size); ``--bench-size``
-takes those on the CPU too (e.g. to profile the warm path of the GPU's GPT-2 without a GPU). ``--profile N``
+On a GPU (``--device cuda``) the cases are the bench's (bench/models.py, full size). ``--profile N``
 also runs one warm torchfuse process and one Dynamo-alone process under cProfile and prints the N
 functions whose cumulative time differs most between them: where a warm torchfuse first call
 spends what Dynamo alone does not.
@@ -86,11 +85,11 @@ def step_of(case: str, compiler: Callable) -> Callable[[], Any]:
 
 def maker(case: str, device: torch.device) -> Callable[[Callable], Callable[[], Any]]:
     """``make(compiler)`` -> the case's step compiled with ``compiler``."""
-    if device.type == "cpu" and os.environ.get("MEASURE_BENCH_SIZE") != "1":
+    if device.type == "cpu":
         return lambda compiler: step_of(case, compiler)
-    from torchfuse.bench.suites import all_cases
+    from torchfuse.bench.suites import select
 
-    (bench_case,) = [c for c in all_cases() if c.name == case]  # GPU cases build on the CPU too
+    (bench_case,) = select("all", device, {case})
     workload = bench_case.build(device, False)
     return workload.make_step
 
@@ -182,11 +181,8 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="print this many functions of a profile difference")
     parser.add_argument("--cold-workers", default="", help="comma-separated compile-pool sizes for more cold runs")
     parser.add_argument("--cold-profile", type=int, default=0, help="profile one more cold run; print this many")
-    parser.add_argument("--bench-size", action="store_true", help="the bench's full-size cases on the CPU too")
     parser.add_argument("--child", nargs=4)
     args = parser.parse_args()
-    if args.bench_size:
-        os.environ["MEASURE_BENCH_SIZE"] = "1"  # the children inherit it
     if args.child:
         child(*args.child)
         return
