@@ -53,18 +53,24 @@ def build(case: str) -> tuple[torch.nn.Module, dict, bool]:
     if case == "gpt2_infer":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, resid_pdrop=0.0, embd_pdrop=0.0,
+        cfg = GPT2Config(n_layer=_layers(), n_embd=128, n_head=4, vocab_size=1000, resid_pdrop=0.0, embd_pdrop=0.0,
                          attn_pdrop=0.0)
         return GPT2LMHeadModel(cfg).eval(), {"input_ids": torch.randint(0, 1000, (2, 64))}, False
     if case == "bert_mlm_train":
         from transformers import BertConfig, BertForMaskedLM
 
-        cfg = BertConfig(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=512,
+        cfg = BertConfig(num_hidden_layers=_layers(), hidden_size=128, num_attention_heads=4, intermediate_size=512,
                          vocab_size=1000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         ids = torch.randint(0, 1000, (2, 64))
         labels = torch.where(torch.rand(2, 64) < 0.15, ids, torch.full_like(ids, -100))
         return BertForMaskedLM(cfg).train(), {"input_ids": ids, "labels": labels}, True
     raise ValueError(f"unknown case {case!r}; choose from {', '.join(CASES)}")
+
+
+def _layers() -> int:
+    """The CPU transformers' depth (``--layers``): 12 gives the GPU model's graph and parameter
+    count at small widths, where the warm path's per-node and per-parameter costs show."""
+    return int(os.environ.get("MEASURE_LAYERS", "2"))
 
 
 def step_of(case: str, compiler: Callable) -> Callable[[], Any]:
@@ -181,8 +187,10 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="print this many functions of a profile difference")
     parser.add_argument("--cold-workers", default="", help="comma-separated compile-pool sizes for more cold runs")
     parser.add_argument("--cold-profile", type=int, default=0, help="profile one more cold run; print this many")
+    parser.add_argument("--layers", type=int, default=2, help="the CPU transformers' depth")
     parser.add_argument("--child", nargs=4)
     args = parser.parse_args()
+    os.environ["MEASURE_LAYERS"] = str(args.layers)  # the children inherit it
     if args.child:
         child(*args.child)
         return
