@@ -33,6 +33,10 @@ workers="${TORCHFUSE_TEST_WORKERS:-}"
 if [[ -z "$workers" ]]; then
     workers=$([[ $# -eq 0 ]] && "$TORCHFUSE_PYTHON" -c 'import os; print(min(8, len(os.sched_getaffinity(0))))' || echo 0)
 fi
+if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
+    echo "test.sh: TORCHFUSE_TEST_WORKERS must be a whole number of workers (0: one process), not '$workers'" >&2
+    exit 2
+fi
 parallel=()
 if [[ "$workers" -gt 1 ]]; then
     if "$TORCHFUSE_PYTHON" -c 'import xdist' 2>/dev/null; then
