@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the test suite: bash scripts/test.sh [pytest args...]  (e.g. -m gpu, -k lowering, -x)
+# Run the test suite: bash scripts/test.sh [pytest args...]  (e.g. -m gpu, -k lowering, -x, or
+# tests/test_views.py: named files or folders are run instead of the whole suite)
 #
 # Without arguments (what CI runs), the C++ tests then run again for other x86-64 levels than this
 # CPU's: our kernels are compiled for the machine they run on (-march=$TORCHFUSE_CPP_ARCH, default
@@ -60,7 +61,13 @@ run_pass() {  # run_pass NAME [ENV=VALUE...] -- PYTEST_ARGS...
     if [[ $code -eq 2 ]]; then isa_passes=0; fi  # interrupted (Ctrl-C): no further passes
 }
 
-run_pass "main" -- tests "$@"
+# Arguments that name test files or folders (tests/test_x.py, tests/test_x.py::test_y) replace
+# the whole suite; options alone (-k, -m, -x) select within it.
+targets=(tests)
+for arg in "$@"; do
+    if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then targets=(); break; fi
+done
+run_pass "main" -- ${targets[@]+"${targets[@]}"} "$@"
 
 if [[ "$isa_passes" == "1" ]]; then
     scratch="$(mktemp -d "${TMPDIR:-/tmp}/torchfuse-isa.XXXXXX")"
