@@ -7,7 +7,7 @@ import torch
 
 import torchfuse
 
-from conftest import DEVICE, compile_strict
+from conftest import DEVICE, assert_close, compile_strict
 from torchfuse.runtime.wrapper import direct_binding
 
 
@@ -148,8 +148,9 @@ def test_launches_fix_the_wrappers_own_buffers_and_literals_only(monkeypatch):
 
     x, w = torch.randn(33, 17), torch.randn(17, 5)
     out = torchfuse.compile(fn, options={"target": "triton", "strict": True})(x, w)
-    for got, want in zip(out, fn(x, w)):
-        torch.testing.assert_close(got, want)
+    # float64 decides the tolerance: a sum of 17 then a matmul differ from eager's float32 by
+    # the reduction order (2e-5 on a value of 4 in one CI draw)
+    assert_close(list(out), list(fn(x, w)), reference=list(fn(x.double(), w.double())))
     source, fixed_args = captured[-1]
     own = set(re.findall(r"(\w+) = tf_empty", source)) | set(re.findall(r"(\w+) = (\w+)(?:\.view\(.*\))?; del \2", source))
     assert any(fixed_args.values()), (source, fixed_args)
