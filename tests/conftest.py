@@ -7,7 +7,9 @@ so the Triton renderer stays tested without a GPU while the whole suite runs on 
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -15,8 +17,11 @@ import torch
 
 import torchfuse
 
-# Generated kernels go to a per-session cache so tests never see a stale one.
-os.environ.setdefault("TORCHFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="torchfuse-test-cache-"))
+# Generated kernels go to a per-session cache so tests never see a stale one. The process that
+# made it removes it at exit (pytest-xdist's workers inherit the variable and share the folder).
+if "TORCHFUSE_CACHE_DIR" not in os.environ:
+    os.environ["TORCHFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchfuse-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["TORCHFUSE_CACHE_DIR"], ignore_errors=True)
 # Nor another test's compile of the same graph (a test that breaks a stage on purpose must reach
 # it): the whole-graph cache is off, except in tests/test_graph_cache.py.
 os.environ.setdefault("TORCHFUSE_GRAPH_CACHE", "0")

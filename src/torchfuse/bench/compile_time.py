@@ -23,10 +23,12 @@ floor under every backend's warm time.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,8 +49,10 @@ CACHE_VARIABLES = ("TORCHFUSE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CAC
 
 
 def use_fresh_caches() -> str:
-    """Point every compiler's disk cache at a new empty directory (children inherit it)."""
+    """Point every compiler's disk cache at a new empty directory (children inherit it), removed
+    when this process exits (the children, warm-compile runs, end before it)."""
     root = tempfile.mkdtemp(prefix="torchfuse-bench-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     for variable in CACHE_VARIABLES:
         os.environ[variable] = os.path.join(root, variable.split("_")[0].lower())
     return root
