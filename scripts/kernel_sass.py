@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from kernel_registers import cuobjdump  # noqa: E402
-from time_kernels import LAUNCH, describe_kernel, header_buffers, pointer_buffers  # noqa: E402
+from time_kernels import LAUNCH, describe_kernel, guessed_sizes, header_buffers, pointer_buffers  # noqa: E402
 
 SMS, CLOCK_GHZ = 132, 1.755  # H100 SXM under load
 # Thread-instructions a clock an SM, compute capability 9.0 (CUDA C++ Programming Guide,
@@ -150,19 +150,6 @@ def compile_sm90(path: Path) -> tuple[bytes, dict] | str:
     except Exception as error:  # noqa: BLE001 - a tool: say which kernel and go on
         return f"compile failed ({type(error).__name__}: {str(error).splitlines()[0][:100]})"
     return compiled.asm["cubin"], {"grid": grid, "xblock": xblock, "rblock": rblock or 1, "warps": warps}
-
-
-def guessed_sizes(source: str, kind: str) -> dict[str, int]:
-    """The launch's sizes as the header's buffers suggest them: a pointwise kernel runs over its
-    largest buffer; a reduction has as many outputs as its smallest stored buffer has elements
-    and rows of the largest buffer's elements over those (a split reduction's first stage is
-    guessed wrong; the guess only decides which sizes are taken as divisible by 16)."""
-    reads, writes = header_buffers(source)
-    largest = max(math.prod(shape) for _, _, shape in reads + writes)
-    if kind != "reduction" or not writes:
-        return {"xnumel": largest}
-    outputs = min(math.prod(shape) for _, _, shape in writes)
-    return {"xnumel": outputs, "rnumel": largest // outputs if outputs and largest % outputs == 0 else 1}
 
 
 def _runtime_specialization(names: list[str], specs: list, sizes: dict[str, int]) -> dict:

@@ -110,6 +110,19 @@ def out_of_range(kernel: types.SimpleNamespace, specs: list[Spec], config: Confi
     return problems
 
 
+def guessed_sizes(source: str, kind: str) -> dict[str, int]:
+    """The launch's sizes as the header's buffers suggest them: a pointwise kernel runs over its
+    largest buffer; a reduction has as many outputs as its smallest stored buffer has elements
+    and rows of the largest buffer's elements over those (a split reduction's first stage is
+    guessed wrong; the guess only decides which sizes are taken as divisible by 16)."""
+    reads, writes = header_buffers(source)
+    largest = max(math.prod(shape) for _, _, shape in reads + writes)
+    if kind != "reduction" or not writes:
+        return {"xnumel": largest}
+    outputs = min(math.prod(shape) for _, _, shape in writes)
+    return {"xnumel": outputs, "rnumel": largest // outputs if outputs and largest % outputs == 0 else 1}
+
+
 def make_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if dtype.is_floating_point:
         return torch.randn(shape, device="cuda").to(dtype)
@@ -145,9 +158,10 @@ def describe_kernel(source: str) -> types.SimpleNamespace:
         outer="tl.arange(0, XBLOCK)[None, :]" in body)
 
 
-def config_grid(kernel: types.SimpleNamespace, xnumel: int, rnumel: int) -> list[Config]:
+def config_grid(kernel: types.SimpleNamespace, xnumel: int, rnumel: int, stages: tuple[int, ...] = (1,)) -> list[Config]:
     """The default, then power-of-two tiles of MIN_TILE to MAX_TILE elements with 1 (persistent)
-    or 2 to 8 warps; a looped reduction's RBLOCK from 8 to 64 (outer) or to its row (inner)."""
+    or 2 to 8 warps; a looped reduction's RBLOCK from 8 to 64 (outer) or to its row (inner),
+    each with every count of ``stages`` for its row loop."""
     default = header_launch(kernel.source, xnumel) or default_config(
         kernel.kind, kernel.persistent, kernel.outer, None, xnumel, rnumel, kernel.live_tiles, kernel.special_step)
     if kernel.kind != "reduction":
@@ -163,9 +177,10 @@ def config_grid(kernel: types.SimpleNamespace, xnumel: int, rnumel: int) -> list
             if not MIN_TILE <= xblock * rblock <= MAX_TILE or xblock > 2 * xnumel:
                 continue
             for warps in warp_counts:
-                config = Config(cdiv(xnumel, xblock), (xblock, rblock), warps)
-                if config not in found:
-                    found.append(config)
+                for count in (stages if not kernel.persistent else (1,)):
+                    config = Config(cdiv(xnumel, xblock), (xblock, rblock), warps, None if count == 1 else count)
+                    if config not in found:
+                        found.append(config)
     return found
 
 
@@ -178,13 +193,16 @@ def header_launch(source: str, xnumel: int) -> Config | None:
     return Config(grid, (xblock, rblock), warps) if grid == cdiv(xnumel, xblock) else None
 
 
-def sweep(path: str, xnumel: int, rnumel: int, keep: int) -> dict:
+def sweep(path: str, xnumel: int | None, rnumel: int | None, keep: int, stages: tuple[int, ...] = (1,)) -> dict:
     source = Path(path).read_text()
     kernel = describe_kernel(source)
+    if xnumel is None:
+        guess = guessed_sizes(source, kernel.kind)
+        xnumel, rnumel = guess["xnumel"], guess.get("rnumel", 0)
     fn = kernel_cache.load_kernel(source, kernel.function, interpret=False)
     kernel.xnumel, kernel.rnumel = xnumel, rnumel
     specs = pointer_buffers(source, kernel.function)
-    configs = config_grid(kernel, xnumel, rnumel)
+    configs = config_grid(kernel, xnumel, rnumel, stages)
     problems = [specs] if isinstance(specs, str) else out_of_range(kernel, specs, configs[0])
     if problems:
         print(f"\n{kernel.function}: not timed: {'; '.join(problems[:4])}")
@@ -221,14 +239,19 @@ def sweep(path: str, xnumel: int, rnumel: int, keep: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kernels", nargs="+", help="FILE:XNUMEL:RNUMEL")
+    parser.add_argument("kernels", nargs="+", help="FILE:XNUMEL:RNUMEL, or FILE alone: the sizes its header's "
+                                                   "buffers suggest (guessed_sizes)")
     parser.add_argument("--keep", type=int, default=10, help="configs printed per kernel")
+    parser.add_argument("--stages", default="1", help="row-loop stage counts timed with every looped tile, e.g. 1,3")
     parser.add_argument("--out", default=None, help="a JSON file for every timing")
     options = parser.parse_args()
+    stages = tuple(int(n) for n in options.stages.split(","))
     results = []
     for item in options.kernels:
-        path, xnumel, rnumel = item.rsplit(":", 2)
-        results.append(sweep(path, int(xnumel), int(rnumel), options.keep))
+        path, _, sizes = item.partition(".py:")
+        path = path if path.endswith(".py") else path + ".py"
+        xnumel, rnumel = (int(n) for n in sizes.split(":")) if sizes else (None, None)
+        results.append(sweep(path, xnumel, rnumel, options.keep, stages))
         sys.stdout.flush()
     if options.out:
         Path(options.out).write_text(json.dumps(results, indent=1))

@@ -8,6 +8,7 @@ the end runs a model in max-autotune on CUDA against the default mode.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -24,7 +25,7 @@ from conftest import DEVICE, assert_close
 from torchfuse.codegen.triton import split
 from torchfuse.codegen.triton.kernel import TritonKernel
 from torchfuse.runtime import autotune, autotune_cache, autotune_configs, kernel_cache, launch
-from torchfuse.runtime.autotune_configs import MAX_CANDIDATES, candidate_configs
+from torchfuse.runtime.autotune_configs import MAX_CANDIDATES, STAGED_CANDIDATES, candidate_configs
 from torchfuse.runtime.launch import Config, Launcher
 
 triton = pytest.importorskip("triton")
@@ -80,7 +81,8 @@ def test_candidates_start_with_the_default_and_keep_what_the_index_math_needs(sh
     candidates = candidate_configs(*shape)
     default = (launch.pointwise_config(xnumel) if kind == "pointwise"
                else launch.reduction_config(persistent, xnumel, rnumel, outer))
-    assert candidates[0] == default and 4 <= len(candidates) <= MAX_CANDIDATES
+    looped = kind == "reduction" and not persistent
+    assert candidates[0] == default and 4 <= len(candidates) <= MAX_CANDIDATES + STAGED_CANDIDATES * looped
     assert len(set(candidates)) == len(candidates)
     for config in candidates:
         blocks = config.constexprs
@@ -89,10 +91,16 @@ def test_candidates_start_with_the_default_and_keep_what_the_index_math_needs(sh
         assert config.grid * blocks[0] < 2**31
         if persistent:  # no loop over the row: RBLOCK must hold all of it, and stays the default's
             assert blocks[1] >= rnumel and blocks[1] == default.constexprs[1]
-        assert config.num_stages is None  # Triton's option pipelines only dot loads: none here
+        # Only a row loop pipelines (its LOOP_STAGES parameter): nothing else takes stages.
+        assert config.num_stages is None or (looped and config.num_stages == autotune_configs.PIPELINED_STAGES)
         if outer:
             assert blocks[0] >= min(32, launch.next_power_of_2(xnumel))
     assert any(c.num_warps != default.num_warps for c in candidates)
+    staged = [c for c in candidates if c.num_stages is not None]
+    assert len([c for c in candidates if c.num_stages is None]) <= MAX_CANDIDATES
+    assert bool(staged) == looped and len(staged) <= STAGED_CANDIDATES
+    if looped:  # the default's own tile pipelined is always among them
+        assert dataclasses.replace(default, num_stages=autotune_configs.PIPELINED_STAGES) in staged
 
 
 def test_tiny_kernels_and_unknown_kinds_are_not_tuned():
@@ -143,16 +151,27 @@ def test_every_candidate_computes_what_the_default_does(fn, shapes, tune_on_cpu,
         if launcher.tuner is None:  # a combined launch: never tuned (test_combined_launches_are_not_timed)
             continue
         candidates = candidate_configs(launcher.kind, launcher.persistent, launcher.outer, xnumel, rnumel)
+        tuned += len(candidates) > 1
+        if DEVICE == "cpu":
+            # Triton's interpreter runs a program's block with NumPy: warps and loop stages change
+            # nothing it computes, so one candidate per grid and tile checks all of theirs.
+            tiles = {}
+            for config in candidates:  # the default first, as results[0] below
+                tiles.setdefault((config.grid, config.constexprs), config)
+            candidates = list(tiles.values())
         effects = launcher.tuner.effects
         results = [_run_with(launcher, config, xnumel, rnumel, args, effects) for config in candidates]
         for config, outputs in zip(candidates[1:], results[1:]):
             for got, want in zip(outputs, results[0]):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{config}: {m}")
-        tuned += len(candidates) > 1
     assert tuned >= (5 if fn is main_kinds else 2), [(l.kind, x, r) for l, x, r, _ in launches]
     sources = "\n".join(k.source or "" for g in torchfuse.report().graphs for k in g.kernels)
     if fn is main_kinds:  # the kinds this test is about are all there
-        assert re.search(r"for roffset in (tl\.)?range\(", sources)
+        assert re.search(r"for roffset in tl\.range\(0, rnumel, RBLOCK, num_stages=LOOP_STAGES\)", sources)
+        for kernel in (k for g in torchfuse.report().graphs for k in g.kernels if k.source):
+            # The row loop's stages are a launch parameter, which only kernels with a loop take.
+            header = re.search(r"^def tf_\w+\(.*$", kernel.source, re.M).group(0)
+            assert ("LOOP_STAGES: tl.constexpr" in header) == ("for roffset in" in kernel.source), header
         assert "[RBLOCK, XBLOCK]" in sources and "[XBLOCK, RBLOCK]" in sources
     else:
         assert any(g.split_reductions for g in torchfuse.report().graphs)
@@ -442,11 +461,12 @@ def test_compile_ahead_builds_every_candidate_for_the_gpu(monkeypatch, tmp_path)
 
     monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TORCHFUSE_COMPILE_WORKERS", "2")
-    source = ("@jit\ndef tf_red_ahead(ptr0, ptr1, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):\n"
+    source = ("@jit\ndef tf_red_ahead(ptr0, ptr1, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, "
+              "LOOP_STAGES: tl.constexpr):\n"
               "    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]\n"
               "    xmask = xindex < xnumel\n"
               "    acc = tl.full([XBLOCK, RBLOCK], 0, tl.float32)\n"
-              "    for roffset in range(0, rnumel, RBLOCK):\n"
+              "    for roffset in tl.range(0, rnumel, RBLOCK, num_stages=LOOP_STAGES):\n"
               "        rindex = roffset + tl.arange(0, RBLOCK)[None, :]\n"
               "        acc = acc + tl.load(ptr0 + xindex * rnumel + rindex, xmask & (rindex < rnumel), other=0.0)\n"
               "    tl.store(ptr1 + xindex, tl.sum(acc, 1)[:, None], xmask)\n")
@@ -466,8 +486,9 @@ def test_compile_ahead_builds_every_candidate_for_the_gpu(monkeypatch, tmp_path)
         entry = triton_ahead.binary_cache.lookup(triton_ahead.binaries_root(), loader.key)
         binary = triton_ahead.load_compiled(loader.fn, loader.spec, entry)
         assert binary.metadata.num_warps == loader.config.num_warps
-        if loader.config.num_stages is not None:
-            assert binary.metadata.num_stages == loader.config.num_stages
+        # A pipelined row loop copies the loads of later steps asynchronously (cp.async); the
+        # plain loop has none.
+        assert ("cp.async" in binary.asm["ptx"]) == ((loader.config.num_stages or 1) > 1), loader.config
 
 
 # -- on a GPU ------------------------------------------------------------------------------------

@@ -11,10 +11,15 @@ handful of neighbours where the default's heuristics are known to be unsure, not
   on the dtype, and whether more warps (latency hiding) beat wider loads depends on the GPU.
 - *Block sizes* (x2, /2): fewer, larger programs amortise index math and the final store of a
   reduction; more, smaller ones fill the SMs better. The default aims at two programs per SM.
-- Not *num_stages*: Triton's compile option pipelines only loads that feed a ``dot``, which no
-  generated kernel has, so every value compiled the same binary (candidates of 1 stage were
-  timed until 2026-12-07). How far a row loop pipelines is in its source (``tl.range``'s
-  ``num_stages``, ``kernel.LOOP_STAGES``), the same for every config.
+- *Loop stages* (looped reductions only, ``Config.num_stages``): the row loop is a ``tl.range``
+  whose ``num_stages`` is the kernel's ``LOOP_STAGES`` parameter; with more than one, the loads of
+  later steps are in flight while a step computes. It helps some kernels and hurts others at the
+  same tile (``launch.DEFAULT_LOOP_STAGES``), and changes which tile is best (MobileNetV3's
+  batch-norm statistics: 140 us at the default, 163 with 3 stages there, 122 with 3 stages at four
+  times the row block and a quarter of the warps; H100). So up to ``STAGED_CANDIDATES`` configs
+  beyond the others pipeline the default's tile and two with longer steps and fewer warps.
+  (Triton's compile option ``num_stages`` pipelines only loads that feed a ``dot``: no
+  generated kernel has one, and every value of it compiled the same binary.)
 
 What the index math requires of every candidate (``codegen/triton/kernel.py``): blocks are
 powers of two (``tl.arange``); a *persistent* reduction's RBLOCK covers its whole row (``rindex
@@ -31,7 +36,9 @@ from torchfuse.codegen.triton.tiling import OUTER_MIN_XBLOCK
 from torchfuse.runtime.launch import Config, cdiv, next_power_of_2, pointwise_config, reduction_config
 
 TUNE_MIN_ELEMENTS = 1 << 14  # xnumel * rnumel below which the launch, not the tile, is the cost
-MAX_CANDIDATES = 7  # the default and up to six neighbours
+MAX_CANDIDATES = 7  # the default and up to six neighbours (then the staged ones, below)
+STAGED_CANDIDATES = 3  # looped reductions: pipelined row loops
+PIPELINED_STAGES = 3
 MAX_TILE = 8192  # elements of one tile held in registers (the default's largest is 4096)
 MAX_POINTWISE_BLOCK = 4096
 MAX_WARPS = 16
@@ -51,22 +58,25 @@ def candidate_configs(kind: str, persistent: bool, outer: bool, xnumel: int, rnu
         live_tiles: a reduction's tiles live in one step (``TritonKernel.live_tiles``).
         special_step: a looped step computes special functions (``TritonKernel.special_step``).
     """
+    staged: list[Shape] = []
     if kind == "pointwise":
         default = pointwise_config(xnumel)
         shapes = _pointwise_neighbours(default)
     elif kind == "reduction":
         default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step)
         shapes = _persistent_neighbours(default) if persistent else _looped_neighbours(default)
+        staged = [] if persistent else _staged_neighbours(default)
     else:
         return []
     if xnumel * max(rnumel, 1) < TUNE_MIN_ELEMENTS:
         return [default]
     found = [default]
-    for xblock, rblock, warps, stages in shapes:
-        config = _make(xnumel, xblock, rblock, warps, stages)
-        if config not in found and _valid(config, kind, persistent, outer, xnumel, rnumel):
-            found.append(config)
-    return found[:MAX_CANDIDATES]
+    for group, limit in ((shapes, MAX_CANDIDATES), (staged, MAX_CANDIDATES + STAGED_CANDIDATES)):
+        for xblock, rblock, warps, stages in group:
+            config = _make(xnumel, xblock, rblock, warps, stages)
+            if len(found) < limit and config not in found and _valid(config, kind, persistent, outer, xnumel, rnumel):
+                found.append(config)
+    return found
 
 
 Shape = tuple[int, "int | None", int, "int | None"]  # XBLOCK, RBLOCK (None: pointwise), warps, stages
@@ -91,6 +101,14 @@ def _looped_neighbours(default: Config) -> list[Shape]:
     return [(xblock, rblock, warps // 2, None), (xblock, rblock * 2, warps * 2, None), (xblock, rblock // 2, warps, None),
             (xblock, rblock, warps * 2, None), (xblock * 2, rblock // 2, warps, None),
             (xblock // 2, rblock * 2, warps, None)]
+
+
+def _staged_neighbours(default: Config) -> list[Shape]:
+    """Pipelined row loops: the default's tile, and steps two and four times as long with half
+    and a quarter of the warps (the elements in flight grow, the threads holding them do not)."""
+    (xblock, rblock), warps = default.constexprs, default.num_warps
+    return [(xblock, rblock, warps, PIPELINED_STAGES), (xblock, rblock * 2, warps // 2, PIPELINED_STAGES),
+            (xblock, rblock * 4, warps // 4, PIPELINED_STAGES)]
 
 
 def _make(xnumel: int, xblock: int, rblock: int | None, warps: int, stages: int | None) -> Config:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from torchfuse.codegen.triton.kernel import LOOP_STAGES_PARAM
 from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK
 from torchfuse.runtime import static_launch
 
@@ -53,6 +54,13 @@ SHORT_ROW_WARP_TILE = 1024
 # forward over [4096, 50257] 385 -> 363 us. ([2 x 1024] 301, [1 x 1024] 259 on the layer norm.
 # An earlier [1 x 1024] with 4 warps had lost to [4 x 512] on a cross-entropy backward, H200.)
 LOOPED_ROWS_TILE = (1, 2048)
+# Steps of a looped reduction's row in flight (``Config.num_stages``; more than 1: the loads of
+# later steps go to shared memory by asynchronous copies while this one computes). 1 (a plain
+# loop) by default: on the H100 (2026-12-07, ab_policy.py) 3 stages took a layer norm over
+# [8192, 16384] from 278 to 227 us but the two-loop batch-norm statistics from 138 to 160 us, at
+# the same tiles; with 2 warps and [64 x 64] the statistics reached 122 us against 140 at the
+# default. Stages change which tile is best, so max-autotune times them with their tiles.
+DEFAULT_LOOP_STAGES = 1
 # Outer reductions (codegen/triton/tiling.py): lanes walk the rows. 128 rows of bf16 are 256
 # contiguous bytes per reduced index; XBLOCK shrinks to OUTER_MIN_XBLOCK to reach MIN_PROGRAMS.
 # A looped tile holds OUTER_TILE elements, or FEW_PROGRAMS_TILE when the grid is still smaller
@@ -179,19 +187,31 @@ class Config:
     grid: int
     constexprs: tuple[int, ...]  # XBLOCK (and RBLOCK), in the kernel's parameter order
     num_warps: int
-    num_stages: int | None = None  # None: Triton's default (what a launch without it gets)
+    # A looped reduction's row-loop stages, its LOOP_STAGES parameter (codegen/triton/kernel.py);
+    # None: DEFAULT_LOOP_STAGES. Kernels without a row loop have no such parameter.
+    num_stages: int | None = None
     names: tuple[str, ...] = ("XBLOCK", "RBLOCK")  # of the constexprs (a 2-D tile: YBLOCK, XBLOCK)
 
     def blocks(self) -> dict[str, int]:
         """The block sizes by parameter name."""
         return dict(zip(self.names, self.constexprs))
 
+    def kernel_constexprs(self, looped: bool) -> dict[str, int]:
+        """The kernel's constexpr arguments by name, in its parameter order: the block sizes, and
+        for a kernel with a row loop (``looped``) its stages."""
+        values = self.blocks()
+        if looped:
+            values[LOOP_STAGES_PARAM] = self.num_stages or DEFAULT_LOOP_STAGES
+        return values
+
     def launch_options(self) -> dict[str, int]:
         """The compile options a launch with this config passes to Triton."""
-        options = {"num_warps": self.num_warps}
-        if self.num_stages is not None:
-            options["num_stages"] = self.num_stages
-        return options
+        return {"num_warps": self.num_warps}
+
+
+def has_row_loop(fn: Any) -> bool:
+    """Whether ``fn`` (a generated kernel) takes its row loop's stages (``LOOP_STAGES_PARAM``)."""
+    return LOOP_STAGES_PARAM in getattr(fn, "arg_names", ())
 
 
 def pointwise_config(xnumel: int) -> Config:
@@ -341,6 +361,7 @@ class Launcher:
                  tile: tuple[int, int, int] | None = None, live_tiles: int = 0,
                  fixed_args: frozenset[int] = frozenset(), special_step: bool = False) -> None:
         self.fn = fn
+        self.looped = has_row_loop(fn)
         self.live_tiles = live_tiles
         self.special_step = special_step
         self.kind = kind
@@ -450,7 +471,7 @@ class Launcher:
             stats.ahead_failed += 1
             return None
         stats.ahead += 1
-        return _binary_launch(compiled, config.grid, (*self._numels(key[1], key[2]), *config.constexprs),
+        return _binary_launch(compiled, config.grid, (*self._numels(key[1], key[2]), *self._constexprs(config)),
                               len(key) - 3, self._trusted)
 
     def launch_through_triton(self, config: Config, xnumel: int, rnumel: int, args: tuple,
@@ -460,10 +481,14 @@ class Launcher:
         numels = self._numels(xnumel, rnumel)
         with _launch_lock:
             stats.through_triton += 1
-            compiled = self.fn[(config.grid,)](*args, *numels, **config.blocks(), **config.launch_options())
+            compiled = self.fn[(config.grid,)](*args, *numels, **config.kernel_constexprs(self.looped),
+                                               **config.launch_options())
         if not binary or compiled is None:
             return None
-        return _binary_launch(compiled, config.grid, (*numels, *config.constexprs), len(args), self._trusted)
+        return _binary_launch(compiled, config.grid, (*numels, *self._constexprs(config)), len(args), self._trusted)
+
+    def _constexprs(self, config: Config) -> tuple[int, ...]:
+        return tuple(config.kernel_constexprs(self.looped).values())
 
     def _numels(self, xnumel: int, rnumel: int) -> tuple[int, ...]:
         return (xnumel,) if self.kind in FLAT_KINDS else (xnumel, rnumel)

@@ -29,7 +29,7 @@ import torch
 
 from torchfuse.runtime import binary_cache, compile_pool, kernel_cache
 from torchfuse.runtime.cache_paths import cache_dir
-from torchfuse.runtime.launch import FLAT_KINDS, Config
+from torchfuse.runtime.launch import FLAT_KINDS, Config, has_row_loop
 from torchfuse.runtime.launch import default_config as launch_config
 from torchfuse.runtime.predict import PredictedLaunch, Unpredicted
 
@@ -225,7 +225,7 @@ def specialize(fn: Any, kernel: Any, launch: PredictedLaunch, target: Target,
     backend, binder = _binders[cache_key]
     config = config or default_config(kernel, launch)
     numels = (launch.xnumel,) if kernel.kind in FLAT_KINDS else (launch.xnumel, launch.rnumel)
-    kwargs: dict[str, Any] = dict(config.blocks(), **config.launch_options())
+    kwargs: dict[str, Any] = dict(config.kernel_constexprs(has_row_loop(fn)), **config.launch_options())
     # The options JITFunction.run adds before binding (Triton 3.6: debug, instrumentation_mode;
     # 3.9 also fpsan_homomorphic_casts), so the compile options match a first-launch compile.
     kwargs["debug"] = fn.debug or knobs.runtime.debug

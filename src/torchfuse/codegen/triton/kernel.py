@@ -41,12 +41,11 @@ INT32_LIMIT = 2**31 - 1
 # An outer tile holds RBLOCK x XBLOCK with XBLOCK >= 32 lanes along the rows, so a persistent
 # outer reduction fits 4096 elements only for short reduced axes.
 OUTER_PERSISTENT_LIMIT = 128
-# How many steps of a looped reduction's row Triton keeps in flight (``tl.range``'s
-# ``num_stages``: the loads of later steps go to shared memory by asynchronous copies while this
-# step computes). The compile option of the same name pipelines only loads that feed a ``dot``,
-# so a plain ``range`` loop waits out each step's loads: one 16-byte load a thread a step,
-# then the step's arithmetic with nothing in flight. 1 keeps the plain loop.
-LOOP_STAGES = 1
+# The parameter that sets how many steps of a looped reduction's row Triton keeps in flight
+# (``tl.range``'s ``num_stages``): a launch choice like the block sizes (``launch.Config``), so
+# max-autotune can time it per kernel. Triton's compile option of that name pipelines only loads
+# that feed a ``dot``; ``tl.range(..., num_stages=1)`` compiles what a plain ``range`` does.
+LOOP_STAGES_PARAM = "LOOP_STAGES"
 # IR ops that compile to the SM's special function unit (MUFU: exp2, reciprocal, square root),
 # at 16 an SM a clock on sm_90 against 128 float32 adds: a SiLU is two, a float division one.
 SPECIAL_OPS = frozenset({"exp", "exp2", "sigmoid", "tanh", "log", "log2", "sqrt", "rsqrt", "reciprocal", "truediv",
@@ -319,8 +318,7 @@ class KernelRenderer:
         softmax's passes) then starts with the blocks read last, those a cache may still hold."""
         backwards = self.loops_opened % 2 == 1
         self.loops_opened += 1
-        steps = ("range(0, rnumel, RBLOCK)" if LOOP_STAGES <= 1
-                 else f"tl.range(0, rnumel, RBLOCK, num_stages={LOOP_STAGES})")
+        steps = f"tl.range(0, rnumel, RBLOCK, num_stages={LOOP_STAGES_PARAM})"
         top.emit(f"for {'rstep' if backwards else 'roffset'} in {steps}:")
         loop = Scope(top.lines, top.indent + "    ", parent=top, header=len(top.lines) - 1)
         if backwards:
@@ -420,6 +418,8 @@ class KernelRenderer:
         if self.is_reduction:
             params.append("rnumel")
             constexprs.append("RBLOCK: tl.constexpr")
+        if self.loops_opened:
+            constexprs.append(f"{LOOP_STAGES_PARAM}: tl.constexpr")
         origins = ", ".join(self.kernel.origins)
         doc = [f'    """{self.kernel.kind} kernel: {origins}"""']
         body = "\n".join(doc + lines) + "\n"
