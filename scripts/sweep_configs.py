@@ -2,7 +2,7 @@
 
 ``mode="max-autotune"`` times the default and a few neighbours (``autotune_configs``); to choose
 better *defaults* the whole neighbourhood is wanted: every XBLOCK that fits and 1 to 16 warps
-(persistent), with a few RBLOCKs and num_stages (looped). This swaps the tuner's candidate list
+(persistent), with a few RBLOCKs, plain and pipelined row loops (looped). This swaps the tuner's candidate list
 for that grid, runs each case once under max-autotune with a fresh cache (tuning happens at the
 first launch), and prints each kernel's configs fastest first, with GB/s for the bytes the
 report says the kernel moves.
@@ -31,12 +31,13 @@ from torchfuse.runtime.launch import Config, reduction_config  # noqa: E402
 
 WARPS = (1, 2, 4, 8, 16)
 MAX_TILE = 16384
+STAGES = autotune_configs.PIPELINED_STAGES  # a looped kernel's row loop, pipelined (Config.num_stages)
 
 
 def grid(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int, live_tiles: int = 0,
          special_step: bool = False) -> list[Config]:
-    """The default first, then every config of the grid the kernel computes correctly with.
-    (No stage counts: Triton's option pipelines only dot loads, so they compile one binary.)"""
+    """The default first, then every config of the grid the kernel computes correctly with; a
+    looped one's tiles both with the plain row loop and with a pipelined one (STAGES)."""
     if kind != "reduction":
         return autotune_configs.candidate_configs(kind, persistent, outer, xnumel, rnumel, live_tiles, special_step)
     default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step)
@@ -48,9 +49,10 @@ def grid(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int, liv
             if xblock * rblock > MAX_TILE:
                 break
             for warps in (WARPS if persistent else WARPS[1:4]):
-                config = autotune_configs._make(xnumel, xblock, rblock, warps, None)
-                if config not in found and _fits(config, persistent, outer, xnumel, rnumel):
-                    found.append(config)
+                for stages in ((None,) if persistent else (None, STAGES)):
+                    config = autotune_configs._make(xnumel, xblock, rblock, warps, stages)
+                    if config not in found and _fits(config, persistent, outer, xnumel, rnumel):
+                        found.append(config)
     return found
 
 
