@@ -105,7 +105,7 @@ def _looped_neighbours(default: Config) -> list[Shape]:
 
 def _staged_neighbours(default: Config) -> list[Shape]:
     """Pipelined row loops: the default's tile, and steps two and four times as long with half
-    and a quarter of the warps (the elements in flight grow, the threads holding them do not)."""
+    and a quarter of the warps (fewer threads, each with more of the row's loads in flight)."""
     (xblock, rblock), warps = default.constexprs, default.num_warps
     return [(xblock, rblock, warps, PIPELINED_STAGES), (xblock, rblock * 2, warps // 2, PIPELINED_STAGES),
             (xblock, rblock * 4, warps // 4, PIPELINED_STAGES)]
