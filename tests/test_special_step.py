@@ -9,6 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from conftest import DEVICE, assert_close
 from torchfuse import pipeline
+from torchfuse.codegen.triton import kernel
 from torchfuse.codegen.triton.kernel import SPECIAL_OPS, SPECIAL_STEP_MIN_OPS
 from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend.decompositions import decomposition_table
@@ -83,3 +84,30 @@ def test_a_pool_over_silu_launched_with_the_small_tiles_is_right():
     got = compile_triton(_pool)(x, *params)
     want = _pool(x.double(), *[p.double() for p in params]).to(torch.bfloat16)
     assert_close(got, _pool(x, *params), reference=want)
+
+
+def test_packed_roundings_are_rendered_in_looped_reductions_only(monkeypatch):
+    args = _pool_inputs()
+    (plain,) = _rendered_reductions(_pool, args)
+    assert "_round_bf16(" in plain.source and "_round_bf16_pairs" not in plain.source  # off by default
+    monkeypatch.setattr(kernel, "PACKED_ROUNDINGS", True)
+    (packed,) = _rendered_reductions(_pool, args)
+    loop = packed.source[packed.source.index("for roffset"):packed.source.index("tl.reduce(")]
+    assert loop.count("_round_bf16_pairs(") == 2 and "_round_bf16(" not in loop  # the BN's and the SiLU's
+    # a persistent reduction (rows of 49) keeps the plain helper: the store pairs its roundings
+    (short,) = _rendered_reductions(_pool, _pool_inputs(batch=8, c=16, hw=7))
+    assert short.persistent and "_round_bf16_pairs" not in short.source
+
+
+def test_a_pool_with_packed_roundings_equals_the_plain_one_bit_for_bit(monkeypatch):
+    """Both helpers round to nearest even: on a GPU ``cvt.rn.bf16x2.f32`` against one ``cvt`` an
+    element, on the CPU the interpreter's integer rounding in both."""
+    torch.manual_seed(0)
+    x, *params = [a.to(DEVICE) for a in _pool_inputs(batch=5, c=24, hw=29)]
+    plain = compile_triton(_pool)(x, *params)
+    torch._dynamo.reset()
+    monkeypatch.setattr(kernel, "PACKED_ROUNDINGS", True)
+    packed = compile_triton(_pool)(x, *params)
+    assert torch.equal(packed, plain)
+    want = _pool(x.double(), *[p.double() for p in params]).to(torch.bfloat16)
+    assert_close(packed, _pool(x, *params), reference=want)

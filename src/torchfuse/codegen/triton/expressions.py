@@ -58,6 +58,9 @@ class ExpressionWriter(CseWriter):
         # Where nodes whose branches' loads are already guarded (guards.py), by id; the dict
         # keeps them alive so an id is never reused.
         self._guarded: dict[int, Expr] = {}
+        # bfloat16 roundings two elements an instruction (``_round_bf16_pairs``; set by looped
+        # reductions when kernel.PACKED_ROUNDINGS is on).
+        self.packed_roundings = False
         # Memory loads that vary along both the rows and the reduced axis: each holds a whole
         # tile in registers (launch.py sizes heavy reductions' tiles by them).
         self.tile_loads = 0
@@ -160,7 +163,8 @@ class ExpressionWriter(CseWriter):
         if expr.dtype == torch.bool:
             return self._assign(f"({inner.text} != 0)", True, scope)
         if expr.dtype in (torch.float16, torch.bfloat16):
-            return self._assign(_round_to_half(inner.text, compute_dtype(expr.value.dtype), expr.dtype), True, scope)
+            return self._assign(_round_to_half(inner.text, compute_dtype(expr.value.dtype), expr.dtype,
+                                               self.packed_roundings), True, scope)
         target = compute_dtype(expr.dtype)
         if target == compute_dtype(expr.value.dtype):  # e.g. float16 -> float32: already float32 here
             return inner
@@ -270,17 +274,18 @@ def _special_pow(expr: Op, writer: ExpressionWriter, scope: Scope) -> Value | No
     return None
 
 
-def _round_to_half(text: str, source: torch.dtype, target: torch.dtype) -> str:
+def _round_to_half(text: str, source: torch.dtype, target: torch.dtype, packed: bool = False) -> str:
     """``text`` (a ``source`` tensor) rounded to float16/bfloat16 and kept as float32.
 
     Always through float32, as ATen converts (float64 -> float32 -> half; int -> float ->
-    half). bfloat16 uses the ``_round_bf16`` helper: Triton's interpreter truncates (and
-    mangles non-float32 sources) where GPUs round to nearest even.
+    half). bfloat16 uses the ``_round_bf16`` helper (``_round_bf16_pairs`` when ``packed``):
+    Triton's interpreter truncates (and mangles non-float32 sources) where GPUs round to
+    nearest even.
     """
     as_f32 = text if source == torch.float32 else f"{text}.to(tl.float32)"
     if target == torch.float16:
         return f"{as_f32}.to(tl.float16).to(tl.float32)"
-    return f"_round_bf16({as_f32})"
+    return f"_round_bf16{'_pairs' if packed else ''}({as_f32})"
 
 
 def _literal(value, dtype: torch.dtype) -> str:

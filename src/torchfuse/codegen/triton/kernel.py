@@ -46,6 +46,12 @@ OUTER_PERSISTENT_LIMIT = 128
 # max-autotune can time it per kernel. Triton's compile option of that name pipelines only loads
 # that feed a ``dot``; ``tl.range(..., num_stages=1)`` compiles what a plain ``range`` does.
 LOOP_STAGES_PARAM = "LOOP_STAGES"
+# Whether looped reductions round to bfloat16 two elements an instruction (ops._round_bf16_pairs).
+# Off until timed: on this CPU's sm_90 SASS (2026-12-07) it halves the conversions of
+# EfficientNet's squeeze-excite pools (their arithmetic bound 62 -> 50 us), but in pointwise
+# kernels, where the compiler already pairs a rounding that feeds a store, the opaque asm added
+# conversions (2.5 -> 3.0 an element). Next: ab_policy.py's bn_silu_pool cases, True vs False.
+PACKED_ROUNDINGS = False
 # IR ops that compile to the SM's special function unit (MUFU: exp2, reciprocal, square root),
 # at 16 an SM a clock on sm_90 against 128 float32 adds: a SiLU is two, a float division one.
 SPECIAL_OPS = frozenset({"exp", "exp2", "sigmoid", "tanh", "log", "log2", "sqrt", "rsqrt", "reciprocal", "truediv",
@@ -155,6 +161,7 @@ class KernelRenderer:
         self.writer = ExpressionWriter(buffers, self._pointer, self._mask, self._resolve_load,
                                        "[1, 1]" if two_d else "[1]")
         self.writer.is_register = lambda name: name in self.registers
+        self.writer.packed_roundings = PACKED_ROUNDINGS and self.is_reduction and not self.persistent
         self.writer.is_kernel_input = self._is_kernel_input
 
     @staticmethod

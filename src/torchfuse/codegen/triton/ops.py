@@ -56,6 +56,18 @@ def _round_bf16(x):
         return tl.where(x != x, x, rounded)
     else:
         return x.to(tl.bfloat16).to(tl.float32)
+
+
+@jit
+def _round_bf16_pairs(x):
+    # _round_bf16 two elements an instruction on GPUs (cvt.rn.bf16x2.f32, SASS F2FP...PACK_AB),
+    # bit for bit the same rounding; Triton converts one a time (F2F), at a quarter of the add
+    # rate. Where roundings, not memory, bound a kernel (kernel.PACKED_ROUNDINGS).
+    if ROUND_BY_BITS:
+        return _round_bf16(x)
+    else:
+        return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.bfloat16,
+                                         is_pure=True, pack=2).to(tl.float32)
 '''
 
 
