@@ -8,7 +8,7 @@ kernels' GPU times (profiler; the step time of a training case is mostly host ti
 
     python3 scripts/ab_policy.py --cases bn_relu_backward_channels_last \\
         --variant chunks2048=torchfuse.codegen.triton.split:POLICY.max_chunks=2048 \\
-        --variant rows1=torchfuse.runtime.launch:LOOPED_ROWS_TILE=(1,1024)
+        --variant rows1=torchfuse.runtime.launch_configs:LOOPED_ROWS_TILE=(1,1024)
 
 A variant is LABEL=MODULE:NAME=VALUE (NAME may be ATTR.FIELD of a frozen dataclass; VALUE a
 Python literal); several assignments of one variant are separated by ';'. The baseline

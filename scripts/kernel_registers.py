@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torchfuse  # noqa: E402
 from torchfuse import pipeline  # noqa: E402
 from torchfuse.bench.patterns import BY_NAME  # noqa: E402
-from torchfuse.runtime import binary_cache, compile_pool, kernel_cache, launch, triton_ahead  # noqa: E402
+from torchfuse.runtime import binary_cache, compile_pool, kernel_cache, launch, launch_configs, triton_ahead  # noqa: E402
 from torchfuse.runtime.predict import Unpredicted, predict_launches  # noqa: E402
 
 REGISTERS_PER_SM = 65536
@@ -60,7 +60,7 @@ def memory_instructions(ptx: str) -> str:
     return ", ".join(f"{form} x{count}" for form, count in sorted(forms.items()))
 
 
-def candidates(default: launch.Config, xblocks: list[int], warps: list[int]) -> list[launch.Config]:
+def candidates(default: launch_configs.Config, xblocks: list[int], warps: list[int]) -> list[launch_configs.Config]:
     found = [default]
     for xblock in xblocks or [default.constexprs[0]]:
         for warp in warps or [default.num_warps]:

@@ -115,7 +115,7 @@ def compile_sm90(path: Path) -> tuple[bytes, dict] | str:
     from triton.compiler import ASTSource
 
     from torchfuse.runtime import kernel_cache
-    from torchfuse.runtime.launch import pointwise_config
+    from torchfuse.runtime.launch_configs import pointwise_config
 
     source = path.read_text()
     kernel = describe_kernel(source)

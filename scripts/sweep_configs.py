@@ -27,7 +27,7 @@ import torchfuse  # noqa: E402
 from torchfuse.bench import bandwidth  # noqa: E402
 from torchfuse.bench.patterns import BY_NAME, MODEL_SIZED  # noqa: E402
 from torchfuse.runtime import autotune, autotune_configs  # noqa: E402
-from torchfuse.runtime.launch import Config, reduction_config  # noqa: E402
+from torchfuse.runtime.launch_configs import Config, reduction_config  # noqa: E402
 
 WARPS = (1, 2, 4, 8, 16)
 MAX_TILE = 16384

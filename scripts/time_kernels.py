@@ -29,8 +29,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from torchfuse.runtime import autotune, kernel_cache, triton_ahead  # noqa: E402
-from torchfuse.runtime.launch import (Config, Launcher, PointerArg, _cuda_device_and_stream, cdiv,  # noqa: E402
-                                      default_config, next_power_of_2, specialization)
+from torchfuse.runtime.launch import Launcher, PointerArg, _cuda_device_and_stream, specialization  # noqa: E402
+from torchfuse.runtime.launch_configs import Config, cdiv, default_config, next_power_of_2  # noqa: E402
 from torchfuse.runtime.predict import PredictedLaunch  # noqa: E402
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i64": torch.int64,

@@ -17,7 +17,7 @@ def test_a_variant_that_fills_looped_outer_grids_doubles_a_column_sums_first_sta
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "ab_policy.py"), "--plan", "--cases", "column_sum",
-         "--variant", "fill528=torchfuse.runtime.launch:LOOPED_OUTER_MIN_PROGRAMS=528"],
+         "--variant", "fill528=torchfuse.runtime.launch_configs:LOOPED_OUTER_MIN_PROGRAMS=528"],
         capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines() if ":" in line}

@@ -24,9 +24,10 @@ import torchfuse
 from conftest import DEVICE, assert_close
 from torchfuse.codegen.triton import split
 from torchfuse.codegen.triton.kernel import TritonKernel
-from torchfuse.runtime import autotune, autotune_cache, autotune_configs, kernel_cache, launch
+from torchfuse.runtime import autotune, autotune_cache, autotune_configs, kernel_cache, launch, launch_configs
 from torchfuse.runtime.autotune_configs import MAX_CANDIDATES, STAGED_CANDIDATES, candidate_configs
-from torchfuse.runtime.launch import Config, Launcher
+from torchfuse.runtime.launch import Launcher
+from torchfuse.runtime.launch_configs import Config
 
 triton = pytest.importorskip("triton")
 # Masked lanes of the interpreter's tiles divide by zero (their results are never stored).
@@ -79,22 +80,22 @@ SHAPES = [("pointwise", False, False, 100_000, 0), ("pointwise", False, False, 1
 def test_candidates_start_with_the_default_and_keep_what_the_index_math_needs(shape):
     kind, persistent, outer, xnumel, rnumel = shape
     candidates = candidate_configs(*shape)
-    default = (launch.pointwise_config(xnumel) if kind == "pointwise"
-               else launch.reduction_config(persistent, xnumel, rnumel, outer))
+    default = (launch_configs.pointwise_config(xnumel) if kind == "pointwise"
+               else launch_configs.reduction_config(persistent, xnumel, rnumel, outer))
     looped = kind == "reduction" and not persistent
     assert candidates[0] == default and 4 <= len(candidates) <= MAX_CANDIDATES + STAGED_CANDIDATES * looped
     assert len(set(candidates)) == len(candidates)
     for config in candidates:
         blocks = config.constexprs
         assert all(b >= 1 and b & (b - 1) == 0 for b in blocks), config  # tl.arange needs powers of two
-        assert config.grid == launch.cdiv(xnumel, blocks[0]), config  # the grid covers every row once
+        assert config.grid == launch_configs.cdiv(xnumel, blocks[0]), config  # the grid covers every row once
         assert config.grid * blocks[0] < 2**31
         if persistent:  # no loop over the row: RBLOCK must hold all of it, and stays the default's
             assert blocks[1] >= rnumel and blocks[1] == default.constexprs[1]
         # Only a row loop pipelines (its LOOP_STAGES parameter): nothing else takes stages.
         assert config.num_stages is None or (looped and config.num_stages == autotune_configs.PIPELINED_STAGES)
         if outer:
-            assert blocks[0] >= min(32, launch.next_power_of_2(xnumel))
+            assert blocks[0] >= min(32, launch_configs.next_power_of_2(xnumel))
     assert any(c.num_warps != default.num_warps for c in candidates)
     staged = [c for c in candidates if c.num_stages is not None]
     assert len([c for c in candidates if c.num_stages is None]) <= MAX_CANDIDATES
@@ -104,8 +105,8 @@ def test_candidates_start_with_the_default_and_keep_what_the_index_math_needs(sh
 
 
 def test_tiny_kernels_and_unknown_kinds_are_not_tuned():
-    assert candidate_configs("pointwise", False, False, 1000, 0) == [launch.pointwise_config(1000)]
-    assert candidate_configs("reduction", True, False, 8, 64) == [launch.reduction_config(True, 8, 64)]
+    assert candidate_configs("pointwise", False, False, 1000, 0) == [launch_configs.pointwise_config(1000)]
+    assert candidate_configs("reduction", True, False, 8, 64) == [launch_configs.reduction_config(True, 8, 64)]
     assert candidate_configs("scatter", False, False, 1 << 20, 0) == []
 
 

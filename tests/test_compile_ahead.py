@@ -12,7 +12,7 @@ import torch
 
 from conftest import compile_strict
 from torchfuse.codegen.triton.kernel import TritonKernel
-from torchfuse.runtime import binary_cache, compile_pool, kernel_cache, launch, triton_ahead
+from torchfuse.runtime import binary_cache, compile_pool, kernel_cache, launch, launch_configs, triton_ahead
 from torchfuse.runtime.launch import Launcher, PointerArg, predicted_key
 from torchfuse.runtime.predict import PredictedLaunch, Unpredicted, predict_launches
 
@@ -68,7 +68,7 @@ def test_a_kernel_compiles_in_a_worker_and_loads_from_the_cache():
     assert triton_ahead.stats.compiled == before + 1
     compiled = _load(loader)
     assert compiled.metadata.target.arch == 90 and compiled.kernel[:4] == b"\x7fELF"  # a cubin
-    assert compiled.metadata.num_warps == launch.pointwise_config(4096).num_warps
+    assert compiled.metadata.num_warps == launch_configs.pointwise_config(4096).num_warps
     # Compiled again (another graph, another process): found on disk, no worker involved.
     from_disk = triton_ahead.stats.from_disk
     again = _compile(kernel, fn)
@@ -289,8 +289,8 @@ def test_a_graphs_real_kernels_compile_ahead_for_the_gpu(monkeypatch):
             reply = compile_pool.wait(loader.future)
             assert reply["ok"], reply
         binary = _load(loader)
-        config = (launch.pointwise_config(launch_.xnumel) if kernels[name].kind == "pointwise"
-                  else launch.reduction_config(kernels[name].persistent, launch_.xnumel, launch_.rnumel,
+        config = (launch_configs.pointwise_config(launch_.xnumel) if kernels[name].kind == "pointwise"
+                  else launch_configs.reduction_config(kernels[name].persistent, launch_.xnumel, launch_.rnumel,
                                                kernels[name].outer))
         assert binary.metadata.num_warps == config.num_warps and binary.kernel[:4] == b"\x7fELF"
 

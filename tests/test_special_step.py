@@ -1,6 +1,6 @@
 """Light looped outer reductions whose step computes special functions of each element among
 SPECIAL_STEP_MIN_OPS ops or more (a squeeze-excite pool over BN + SiLU) launch many small
-programs (launch.SPECIAL_STEP_TILE); others (a SiLU alone, a plain sum) keep the usual tiles. The renderer marks the step (TritonKernel.special_step)
+programs (launch_configs.SPECIAL_STEP_TILE); others (a SiLU alone, a plain sum) keep the usual tiles. The renderer marks the step (TritonKernel.special_step)
 from the IR, and the launch rule reads the mark."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from torchfuse.codegen.triton.kernel import SPECIAL_OPS, SPECIAL_STEP_MIN_OPS
 from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend.decompositions import decomposition_table
 from torchfuse.options import Options
-from torchfuse.runtime.launch import SPECIAL_STEP_TILE, reduction_config
+from torchfuse.runtime.launch_configs import SPECIAL_STEP_TILE, reduction_config
 
 
 def compile_triton(fn):

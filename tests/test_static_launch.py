@@ -16,7 +16,7 @@ import torch
 
 from conftest import compile_strict
 from torchfuse.codegen.triton.kernel import TritonKernel
-from torchfuse.runtime import kernel_cache, launch, static_launch, triton_ahead
+from torchfuse.runtime import kernel_cache, launch, launch_configs, static_launch, triton_ahead
 from torchfuse.runtime.launch import Launcher, PointerArg
 from torchfuse.runtime.predict import PredictedLaunch
 
@@ -162,7 +162,7 @@ def test_a_pointwise_binary_gets_exactly_its_parameters(binding, stride, code):
     before = launch.stats.static
     launcher(1000, 0, x, out, stride)
     call = _launched(binding, compiled)
-    config = launch.pointwise_config(1000)
+    config = launch_configs.pointwise_config(1000)
     assert call[1] == config.grid and launch.stats.static == before + 1
     scalar = () if code is None else (stride,)
     assert call[6] == "OO" + (code or "") + "i" + "OO"  # pointers, the stride, xnumel, two scratch pointers
@@ -187,7 +187,7 @@ def test_a_looped_reduction_passes_both_sizes(binding):
     compiled = _prepare(launcher, kernel, 7, 50_000, (F32, F32))
     launcher(7, 50_000, x, out)
     call = _launched(binding, compiled)
-    assert call[1] == launch.reduction_config(False, 7, 50_000).grid
+    assert call[1] == launch_configs.reduction_config(False, 7, 50_000).grid
     assert call[6] == "OOii" + "OO" and call[7] == (x.data_ptr(), out.data_ptr(), 7, 50_000, None, None)
 
 
@@ -197,7 +197,7 @@ def test_a_2d_tile_launches_like_a_1d_kernel(binding):
     compiled = _prepare(launcher, kernel, 96 * 80, 0, (F32, F32))
     launcher(96 * 80, 0, x, out)
     call = _launched(binding, compiled)
-    assert call[1] == launch.tile_config(1, 96, 80).grid
+    assert call[1] == launch_configs.tile_config(1, 96, 80).grid
     assert call[6] == "OOi" + "OO" and call[7] == (x.data_ptr(), out.data_ptr(), 96 * 80, None, None)
 
 

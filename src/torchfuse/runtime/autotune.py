@@ -45,7 +45,8 @@ import torch
 from torchfuse.codegen.triton.kernel import TritonKernel
 from torchfuse.runtime import autotune_cache, kernel_cache
 from torchfuse.runtime.autotune_configs import candidate_configs
-from torchfuse.runtime.launch import Config, Launcher, predicted_key, specialization
+from torchfuse.runtime.launch import Launcher, predicted_key, specialization
+from torchfuse.runtime.launch_configs import Config
 from torchfuse.runtime.predict import PredictedLaunch
 
 MARGIN = 0.03  # a candidate must beat the default by 3% to be chosen: timings of equals differ by ~1%

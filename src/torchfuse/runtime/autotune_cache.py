@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from torchfuse.runtime.cache_paths import cache_dir
-from torchfuse.runtime.launch import Config
+from torchfuse.runtime.launch_configs import Config
 
 FORMAT = "autotune-1"
 

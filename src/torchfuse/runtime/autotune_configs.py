@@ -2,7 +2,7 @@
 
 A generated kernel's block sizes are ``tl.constexpr`` (``launch.py``), so every candidate runs
 the same source; only the tile and the warps that share it change. Candidates stay close to
-the default (``launch.pointwise_config`` / ``reduction_config``), which is always the first: a
+the default (``launch_configs.pointwise_config`` / ``reduction_config``), which is always the first: a
 handful of neighbours where the default's heuristics are known to be unsure, not a grid search.
 
 - *Warps* (x2, /2): with ``num_warps`` warps over a block of B elements each thread holds
@@ -14,7 +14,7 @@ handful of neighbours where the default's heuristics are known to be unsure, not
 - *Loop stages* (looped reductions only, ``Config.num_stages``): the row loop is a ``tl.range``
   whose ``num_stages`` is the kernel's ``LOOP_STAGES`` parameter; with more than one, the loads of
   later steps are in flight while a step computes. It helps some kernels and hurts others at the
-  same tile (``launch.DEFAULT_LOOP_STAGES``), and changes which tile is best (MobileNetV3's
+  same tile (``launch_configs.DEFAULT_LOOP_STAGES``), and changes which tile is best (MobileNetV3's
   batch-norm statistics: 140 us at the default, 163 with 3 stages there, 122 with 3 stages at four
   times the row block and a quarter of the warps; H100). So up to ``STAGED_CANDIDATES`` configs
   beyond the others pipeline the default's tile and two with longer steps and fewer warps.
@@ -33,7 +33,7 @@ index past 2**31: a candidate's grid never reaches further than int32 allows. Ti
 from __future__ import annotations
 
 from torchfuse.codegen.triton.tiling import OUTER_MIN_XBLOCK
-from torchfuse.runtime.launch import Config, cdiv, next_power_of_2, pointwise_config, reduction_config
+from torchfuse.runtime.launch_configs import Config, cdiv, next_power_of_2, pointwise_config, reduction_config
 
 TUNE_MIN_ELEMENTS = 1 << 14  # xnumel * rnumel below which the launch, not the tile, is the cost
 MAX_CANDIDATES = 7  # the default and up to six neighbours (then the staged ones, below)

@@ -1,7 +1,7 @@
 """Predict each Triton launch of a graph before it runs, so its binary can be compiled ahead.
 
 With static shapes the wrapper's launches are fixed when the graph compiles: the sizes, hence the
-block sizes (``launch.pointwise_config`` / ``reduction_config``), the dtype of every pointer and,
+block sizes (``launch_configs.pointwise_config`` / ``reduction_config``), the dtype of every pointer and,
 nearly always, whether it is 16-byte aligned, which is what Triton specializes a pointer on:
 
 - buffers the wrapper allocates, or reuses whole, start where their allocation does (aligned);

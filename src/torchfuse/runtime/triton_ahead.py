@@ -29,8 +29,8 @@ import torch
 
 from torchfuse.runtime import binary_cache, compile_pool, kernel_cache
 from torchfuse.runtime.cache_paths import cache_dir
-from torchfuse.runtime.launch import FLAT_KINDS, Config, has_row_loop
-from torchfuse.runtime.launch import default_config as launch_config
+from torchfuse.runtime.launch_configs import FLAT_KINDS, Config, has_row_loop
+from torchfuse.runtime.launch_configs import default_config as launch_config
 from torchfuse.runtime.predict import PredictedLaunch, Unpredicted
 
 

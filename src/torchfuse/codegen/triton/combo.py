@@ -38,7 +38,7 @@ from torchfuse.codegen.triton.kernel import PROGRAM_ID, PROGRAM_ID_64, TritonKer
 from torchfuse.ir.graph import ScatterAdd
 from torchfuse.scheduler.kernel import ExternKernel, FusedKernel
 
-COMBO_BLOCK = 1024  # launch.MAX_POINTWISE_BLOCK: the largest XBLOCK a pointwise launch gets
+COMBO_BLOCK = 1024  # launch_configs.MAX_POINTWISE_BLOCK: the largest XBLOCK a pointwise launch gets
 MAX_PARTS = 32
 MAX_EXTERNS_CROSSED = 1
 

@@ -42,7 +42,7 @@ INT32_LIMIT = 2**31 - 1
 # outer reduction fits 4096 elements only for short reduced axes.
 OUTER_PERSISTENT_LIMIT = 128
 # The parameter that sets how many steps of a looped reduction's row Triton keeps in flight
-# (``tl.range``'s ``num_stages``): a launch choice like the block sizes (``launch.Config``), so
+# (``tl.range``'s ``num_stages``): a launch choice like the block sizes (``launch_configs.Config``), so
 # max-autotune can time it per kernel. Triton's compile option of that name pipelines only loads
 # that feed a ``dot``; ``tl.range(..., num_stages=1)`` compiles what a plain ``range`` does.
 LOOP_STAGES_PARAM = "LOOP_STAGES"
@@ -103,11 +103,11 @@ class TritonKernel:
     # parts' functions, under their own parameter names, so what it writes is not in its text.
     parts: tuple[str, ...] = ()
     # A reduction's tile-shaped values live in one step: its accumulators and its loads that vary
-    # along both axes (launch.reduction_config keeps the tiles of heavy ones small); 0 otherwise.
+    # along both axes (launch_configs.reduction_config keeps the tiles of heavy ones small); 0 otherwise.
     live_tiles: int = 0
     # A looped reduction whose step computes special functions for each element (SPECIAL_OPS:
     # exp, reciprocal, square root, on the SM's quarter-rate unit) among SPECIAL_STEP_MIN_OPS ops
-    # or more: launch.reduction_config gives light outer ones small tiles and many programs.
+    # or more: launch_configs.reduction_config gives light outer ones small tiles and many programs.
     special_step: bool = False
 
 

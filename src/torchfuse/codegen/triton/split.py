@@ -66,7 +66,7 @@ class SplitPolicy:
     # second stage took 117 us on the H200 in one program of 25 steps a pass).
     max_chunks: int = 512
     min_program_elements: int = 4096  # elements one first-stage program reduces, at least
-    outer_lanes: int = 64  # rows one outer first-stage program covers (launch.OUTER_XBLOCK or less)
+    outer_lanes: int = 64  # rows one outer first-stage program covers (launch_configs.OUTER_XBLOCK or less)
 
 
 POLICY = SplitPolicy()  # tests replace it to split small reductions
