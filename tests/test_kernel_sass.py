@@ -80,26 +80,17 @@ def test_a_looped_reduction_is_counted_over_its_loop_not_its_prologue(tmp_path):
 
 
 def _rounding_pool(round_helper: str) -> str:
-    """A looped row sum of SiLU over a bfloat16-rounded affine map, two roundings an element, as
-    EfficientNet's squeeze-excite pools (with the renderer's helpers, as a kernel module has)."""
+    """LOOPED_ROWS summing SiLU over a bfloat16-rounded affine map instead of exp: two roundings
+    an element, as EfficientNet's squeeze-excite pools (with the helpers a kernel module has)."""
     from torchfuse.codegen.triton.reductions import helpers_for
 
-    body = f"""@jit
-def tf_red_00000000000000cc(ptr0, ptr1, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
-    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
-    xmask = xindex < xnumel
-    acc = tl.full([XBLOCK, RBLOCK], 0, tl.float32)
-    for roffset in range(0, rnumel, RBLOCK):
-        rindex = roffset + tl.arange(0, RBLOCK)[None, :]
-        rmask = rindex < rnumel
-        tmp0 = tl.load(ptr0 + (rindex + xindex * 65536), xmask & rmask, other=0).to(tl.float32)
-        tmp1 = {round_helper}(tmp0 * 1.5 + 0.25)
-        tmp2 = {round_helper}(tmp1 * (1.0 / (1.0 + tl.exp(-tmp1))))
-        acc = acc + tl.where(xmask & rmask, tmp2, 0)
-    tl.store(ptr1 + (xindex), tl.sum(acc, 1)[:, None], xmask)
-"""
-    head = LOOPED_ROWS[:LOOPED_ROWS.index("import triton")]
-    return head + "import triton\nimport triton.language as tl\n" + helpers_for(body) + "\n\n" + body
+    step = (f"        tmp1 = {round_helper}(tmp0 * 1.5 + 0.25)\n"
+            f"        tmp2 = {round_helper}(tmp1 * (1.0 / (1.0 + tl.exp(-tmp1))))\n"
+            "        acc = acc + tl.where(xmask & rmask, tmp2, 0)\n")
+    source = LOOPED_ROWS.replace("        acc = acc + tl.where(xmask & rmask, tl.exp(tmp0), 0)\n", step)
+    source = source.replace("tf_red_00000000000000bb", "tf_red_00000000000000cc")
+    head, _, kernel = source.partition("@jit\n")
+    return head + helpers_for(kernel) + "\n\n@jit\n" + kernel
 
 
 def test_packed_roundings_convert_two_elements_an_instruction(tmp_path):
