@@ -248,9 +248,8 @@ def main() -> int:
     stages = tuple(int(n) for n in options.stages.split(","))
     results = []
     for item in options.kernels:
-        path, _, sizes = item.partition(".py:")
-        path = path if path.endswith(".py") else path + ".py"
-        xnumel, rnumel = (int(n) for n in sizes.split(":")) if sizes else (None, None)
+        path, *sizes = item.split(":")
+        xnumel, rnumel = (int(n) for n in sizes) if sizes else (None, None)
         results.append(sweep(path, xnumel, rnumel, options.keep, stages))
         sys.stdout.flush()
     if options.out:

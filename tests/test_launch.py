@@ -11,7 +11,7 @@ import torch
 from conftest import compile_strict
 from torchfuse.runtime import launch, launch_configs
 from torchfuse.runtime.launch import Launcher
-from torchfuse.runtime.launch_configs import pointwise_config, reduction_config
+from torchfuse.runtime.launch_configs import Config, pointwise_config, reduction_config
 
 
 @dataclass
@@ -42,62 +42,62 @@ class FakeJit:
 
 
 def test_block_sizes_follow_the_sizes():
-    assert pointwise_config(5) == launch_configs.Config(1, (16,), 2)
-    assert pointwise_config(100_000) == launch_configs.Config(98, (1024,), 4)
+    assert pointwise_config(5) == Config(1, (16,), 2)
+    assert pointwise_config(100_000) == Config(98, (1024,), 4)
     # Short persistent rows: a warp per 256 elements of a row, ~1024 elements a warp.
-    assert reduction_config(True, 100_000, 300) == launch_configs.Config(25_000, (4, 512), 2)
-    assert reduction_config(True, 200_704, 192) == launch_configs.Config(50_176, (4, 256), 1)
-    assert reduction_config(True, 3_612_672, 49) == launch_configs.Config(451_584, (8, 64), 1)
+    assert reduction_config(True, 100_000, 300) == Config(25_000, (4, 512), 2)
+    assert reduction_config(True, 200_704, 192) == Config(50_176, (4, 256), 1)
+    assert reduction_config(True, 3_612_672, 49) == Config(451_584, (8, 64), 1)
     # 1000 rows at 4 a program would be 250 programs: fewer rows per program fill 132 SMs twice.
-    assert reduction_config(True, 1000, 300) == launch_configs.Config(500, (2, 512), 2)
-    assert reduction_config(True, 8192, 768) == launch_configs.Config(2048, (4, 1024), 8)  # longer rows: 8 warps
-    assert reduction_config(False, 7, 50_000) == launch_configs.Config(7, (1, 1024), 4)
+    assert reduction_config(True, 1000, 300) == Config(500, (2, 512), 2)
+    assert reduction_config(True, 8192, 768) == Config(2048, (4, 1024), 8)  # longer rows: 8 warps
+    assert reduction_config(False, 7, 50_000) == Config(7, (1, 1024), 4)
     # Long looped rows, enough of them: a row a program, 2048 of it a step.
-    assert reduction_config(False, 8192, 32_000) == launch_configs.Config(8192, (1, 2048), 8)
+    assert reduction_config(False, 8192, 32_000) == Config(8192, (1, 2048), 8)
     # Short rows looped (their length is symbolic) share a program.
-    assert reduction_config(False, 100_000, 100) == launch_configs.Config(12_500, (8, 128), 4)
+    assert reduction_config(False, 100_000, 100) == Config(12_500, (8, 128), 4)
     # Outer tiles put 32-128 rows on the lanes, RBLOCK reduced indices a step: 2048 elements
     # a step when the grid has programs enough to keep memory busy.
-    assert reduction_config(False, 1 << 20, 784, outer=True) == launch_configs.Config(8192, (128, 16), 8)
+    assert reduction_config(False, 1 << 20, 784, outer=True) == Config(8192, (128, 16), 8)
     # Under 2 x MIN_PROGRAMS programs, tiles grow toward IN_FLIGHT_ELEMENTS over the grid.
-    assert reduction_config(False, 65_536, 784, outer=True) == launch_configs.Config(512, (128, 32), 8)
+    assert reduction_config(False, 65_536, 784, outer=True) == Config(512, (128, 32), 8)
     # A light step's lanes shrink to make three programs an SM: EfficientNet's squeeze-excite
     # pool, 18432 outputs of 3136, takes 576 programs of [32 x 64], not 288 of [64 x 128].
-    assert reduction_config(False, 18_432, 3136, outer=True) == launch_configs.Config(576, (32, 64), 8)
-    assert reduction_config(False, 18_432, 3136, outer=True, live_tiles=3) == launch_configs.Config(288, (64, 32), 8)
+    assert reduction_config(False, 18_432, 3136, outer=True) == Config(576, (32, 64), 8)
+    assert reduction_config(False, 18_432, 3136, outer=True, live_tiles=3) == Config(288, (64, 32), 8)
     # Too few programs even at 32 lanes: longer steps, up to MAX_OUTER_TILE elements.
-    assert reduction_config(False, 768, 4096, outer=True) == launch_configs.Config(24, (32, 256), 8)
+    assert reduction_config(False, 768, 4096, outer=True) == Config(24, (32, 256), 8)
     # A small looped one (a batch norm's second stage, 72 channels x 896 partials) gets as many
     # programs as 32 lanes allow, and 4 steps a loop (it was one program of 56).
-    assert reduction_config(False, 72, 896, outer=True) == launch_configs.Config(3, (32, 256), 8)
-    assert reduction_config(True, 2048, 128, outer=True) == launch_configs.Config(64, (32, 128), 8)
-    assert reduction_config(True, 256, 64, outer=True) == launch_configs.Config(4, (64, 64), 8)  # small: tiles kept
+    assert reduction_config(False, 72, 896, outer=True) == Config(3, (32, 256), 8)
+    assert reduction_config(True, 2048, 128, outer=True) == Config(64, (32, 128), 8)
+    assert reduction_config(True, 256, 64, outer=True) == Config(4, (64, 64), 8)  # small: tiles kept
     # A few reduced elements (grouped-query heads' gradients, 4 a group): longer lanes, 2048 a
     # tile, and no more warps than XBLOCK / 256 (more would reduce across warps).
-    assert reduction_config(True, 1 << 20, 4, outer=True) == launch_configs.Config(2048, (512, 4), 2)
-    assert reduction_config(True, 65_536, 4, outer=True) == launch_configs.Config(512, (128, 4), 1)  # fills the GPU first
+    assert reduction_config(True, 1 << 20, 4, outer=True) == Config(2048, (512, 4), 2)
+    assert reduction_config(True, 65_536, 4, outer=True) == Config(512, (128, 4), 1)  # fills the GPU first
 
 
 def test_heavy_outer_steps_take_small_tiles():
     """An outer reduction step holding many tiles (accumulators and loads along both axes) gets
     a tile of about 8192 elements over all of them: Swin's LayerNorm weight and bias gradients
     (11 live tiles) ran 3x faster at [64 x 8], 4 warps, than at [128 x 64], 8 warps (H100)."""
-    assert reduction_config(False, 49_152, 196, outer=True) == launch_configs.Config(768, (64, 32), 8)
-    assert reduction_config(False, 49_152, 196, outer=True, live_tiles=11) == launch_configs.Config(768, (64, 8), 4)
+    assert reduction_config(False, 49_152, 196, outer=True) == Config(768, (64, 32), 8)
+    assert reduction_config(False, 49_152, 196, outer=True, live_tiles=11) == Config(768, (64, 8), 4)
     # The lanes give way first, keeping 8 reduced rows a step; a warp per 128 elements; never
     # below 512 elements.
-    assert reduction_config(False, 57_624, 256, outer=True, live_tiles=3) == launch_configs.Config(451, (128, 16), 8)
-    assert reduction_config(False, 49_152, 196, outer=True, live_tiles=200) == launch_configs.Config(768, (64, 8), 4)
+    assert reduction_config(False, 57_624, 256, outer=True, live_tiles=3) == Config(451, (128, 16), 8)
+    assert reduction_config(False, 49_152, 196, outer=True, live_tiles=200) == Config(768, (64, 8), 4)
     # The channels-last batch-norm backward's split first stage over 64 channels (5 live tiles).
-    assert reduction_config(False, 32_768, 3136, outer=True, live_tiles=5) == launch_configs.Config(512, (64, 16), 8)
+    assert reduction_config(False, 32_768, 3136, outer=True, live_tiles=5) == Config(512, (64, 16), 8)
     # Persistent (about 4096 elements over the live tiles): T5's bias-gradient sum over a batch
     # of 16, a warp per 512 elements.
-    assert reduction_config(True, 1 << 21, 16, outer=True, live_tiles=7) == launch_configs.Config(65_536, (32, 16), 1)
+    assert reduction_config(True, 1 << 21, 16, outer=True, live_tiles=7) == Config(65_536, (32, 16), 1)
     # One or two live tiles (a column sum) and few reduced rows keep the tiles above.
     for persistent, xnumel, rnumel in ((False, 49_152, 196), (True, 1 << 21, 16), (True, 1 << 20, 4)):
         assert (reduction_config(persistent, xnumel, rnumel, outer=True, live_tiles=2)
                 == reduction_config(persistent, xnumel, rnumel, outer=True))
-    assert reduction_config(True, 1 << 20, 4, outer=True, live_tiles=9) == launch_configs.Config(2048, (512, 4), 2)
+    assert reduction_config(True, 1 << 20, 4, outer=True, live_tiles=9) == Config(2048, (512, 4), 2)
 
 
 def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary():
@@ -116,10 +116,10 @@ def test_a_specialization_goes_through_triton_once_then_straight_to_its_binary()
 
 def test_2d_tiles_fill_the_gpu_and_launch_like_1d_kernels():
     # 64 x 64 tiles while the grid fills 132 SMs twice; each side shrinks, not below 32, until it does.
-    assert launch_configs.tile_config(1, 4096, 4096) == launch_configs.Config(4096, (64, 64), 8, names=("YBLOCK", "XBLOCK"))
-    assert launch_configs.tile_config(32, 3136, 64) == launch_configs.Config(1568, (64, 64), 8, names=("YBLOCK", "XBLOCK"))
-    assert launch_configs.tile_config(1, 512, 256) == launch_configs.Config(128, (32, 32), 4, names=("YBLOCK", "XBLOCK"))
-    assert launch_configs.tile_config(3, 20, 33) == launch_configs.Config(3, (32, 64), 4, names=("YBLOCK", "XBLOCK"))  # small: kept
+    assert launch_configs.tile_config(1, 4096, 4096) == Config(4096, (64, 64), 8, names=("YBLOCK", "XBLOCK"))
+    assert launch_configs.tile_config(32, 3136, 64) == Config(1568, (64, 64), 8, names=("YBLOCK", "XBLOCK"))
+    assert launch_configs.tile_config(1, 512, 256) == Config(128, (32, 32), 4, names=("YBLOCK", "XBLOCK"))
+    assert launch_configs.tile_config(3, 20, 33) == Config(3, (32, 64), 4, names=("YBLOCK", "XBLOCK"))  # small: kept
     fn = FakeJit()
     launcher = Launcher(fn, "pointwise", direct=True, current_device=lambda: 0, current_stream=lambda device: 7,
                         tile=(2, 96, 80))

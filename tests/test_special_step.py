@@ -1,7 +1,8 @@
 """Light looped outer reductions whose step computes special functions of each element among
 SPECIAL_STEP_MIN_OPS ops or more (a squeeze-excite pool over BN + SiLU) launch many small
-programs (launch_configs.SPECIAL_STEP_TILE); others (a SiLU alone, a plain sum) keep the usual tiles. The renderer marks the step (TritonKernel.special_step)
-from the IR, and the launch rule reads the mark."""
+programs (launch_configs.SPECIAL_STEP_TILE); others (a SiLU alone, a plain sum) keep the usual
+tiles. The renderer marks the step (TritonKernel.special_step) from the IR, and the launch rule
+reads the mark."""
 from __future__ import annotations
 
 import torch

@@ -1,7 +1,7 @@
 """Emit body expressions as Triton statements, with common-subexpression elimination."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np

@@ -22,7 +22,7 @@ from torchfuse.codegen.layout import overwritable_inputs, store_order
 from torchfuse.codegen.triton import online_softmax
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
-from torchfuse.codegen.triton.printer import compute_dtype, print_index, tl_dtype
+from torchfuse.codegen.triton.printer import compute_dtype, tl_dtype
 from torchfuse.codegen.triton.scatter import emit_scatter, scatter_order
 from torchfuse.codegen.triton.tiles2d import Tile2D, pointwise_tile
 from torchfuse.codegen.triton.tiling import reduction_tiling
