@@ -115,7 +115,7 @@ def compile_sm90(path: Path) -> tuple[bytes, dict] | str:
     from triton.compiler import ASTSource
 
     from torchfuse.runtime import kernel_cache
-    from torchfuse.runtime.launch_configs import pointwise_config
+    from torchfuse.runtime.launch_configs import DEFAULT_LOOP_STAGES, LOOP_STAGES_PARAM, pointwise_config
 
     source = path.read_text()
     kernel = describe_kernel(source)
@@ -137,7 +137,8 @@ def compile_sm90(path: Path) -> tuple[bytes, dict] | str:
     header = source[source.index(f"def {kernel.function}("):].split("\n", 1)[0]
     for name in re.findall(r"\b(\w+numel)\b", header):
         signature[name] = "i32"
-    blocks = {"XBLOCK": xblock, "RBLOCK": rblock}
+    # A looped reduction also takes its row loop's stages: the launcher's default.
+    blocks = {"XBLOCK": xblock, "RBLOCK": rblock, LOOP_STAGES_PARAM: DEFAULT_LOOP_STAGES}
     constexprs = {name: size for name, size in blocks.items() if size and f"{name}: tl.constexpr" in header}
     if set(re.findall(r"(\w+): tl\.constexpr", header)) != set(constexprs):
         return f"its block parameters differ from the header's launch ({header.strip()})"

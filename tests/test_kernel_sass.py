@@ -34,11 +34,11 @@ import triton.language as tl
 
 
 @jit
-def tf_red_00000000000000bb(ptr0, ptr1, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+def tf_red_00000000000000bb(ptr0, ptr1, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, LOOP_STAGES: tl.constexpr):
     xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
     xmask = xindex < xnumel
     acc = tl.full([XBLOCK, RBLOCK], 0, tl.float32)
-    for roffset in range(0, rnumel, RBLOCK):
+    for roffset in tl.range(0, rnumel, RBLOCK, num_stages=LOOP_STAGES):
         rindex = roffset + tl.arange(0, RBLOCK)[None, :]
         rmask = rindex < rnumel
         tmp0 = tl.load(ptr0 + (rindex + xindex * 65536), xmask & rmask, other=0).to(tl.float32)
