@@ -104,3 +104,27 @@ def test_packed_roundings_convert_two_elements_an_instruction(tmp_path):
     assert packed["mix"].count(conversions) == pytest.approx(1.0)
     assert packed["mix"].count({"MUFU"}) == plain["mix"].count({"MUFU"}) == pytest.approx(2.0)
     assert packed["alu_us"] < plain["alu_us"]
+
+
+def test_a_one_element_rounding_takes_the_plain_helper():
+    """``cvt.rn.bf16x2.f32`` takes pairs, and Triton refuses the packed op on a tensor of one
+    element (a row's value at XBLOCK 1): the helper then rounds it alone. Compiled for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from torchfuse.codegen.triton.reductions import helpers_for
+    from torchfuse.runtime import kernel_cache
+
+    kernel = """@jit
+def tf_red_00000000000000dd(ptr0, ptr1, XBLOCK: tl.constexpr):
+    x = tl.load(ptr0 + tl.arange(0, XBLOCK)[:, None]).to(tl.float32)
+    tl.store(ptr1 + tl.arange(0, XBLOCK)[:, None], _round_bf16_pairs(x * 3.0))
+"""
+    source = "import triton\nimport triton.language as tl\n" + helpers_for(kernel) + "\n\n" + kernel
+    fn = kernel_cache.load_kernel(source, "tf_red_00000000000000dd", interpret=False)
+    for xblock, packed in ((1, 0), (2, 1), (64, 1)):
+        compiled = triton.compile(ASTSource(fn, {"ptr0": "*fp32", "ptr1": "*fp32", "XBLOCK": "constexpr"},
+                                            {"XBLOCK": xblock}), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 1})
+        assert compiled.asm["ptx"].count("cvt.rn.bf16x2.f32") == packed, xblock

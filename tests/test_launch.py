@@ -57,13 +57,14 @@ def test_block_sizes_follow_the_sizes():
     # Short rows looped (their length is symbolic) share a program.
     assert reduction_config(False, 100_000, 100) == Config(12_500, (8, 128), 4)
     # Outer tiles put 32-128 rows on the lanes, RBLOCK reduced indices a step: 2048 elements
-    # a step when the grid has programs enough to keep memory busy.
-    assert reduction_config(False, 1 << 20, 784, outer=True) == Config(8192, (128, 16), 8)
+    # a step when the grid has programs enough to keep memory busy; with the row loop pipelined
+    # (LIGHT_OUTER_PIPELINE: 3 stages, 2 warps) half of that a step, three steps in flight.
+    assert reduction_config(False, 1 << 20, 784, outer=True) == Config(8192, (128, 8), 2, num_stages=3)
     # Under 2 x MIN_PROGRAMS programs, tiles grow toward IN_FLIGHT_ELEMENTS over the grid.
-    assert reduction_config(False, 65_536, 784, outer=True) == Config(512, (128, 32), 8)
+    assert reduction_config(False, 65_536, 784, outer=True) == Config(512, (128, 16), 2, num_stages=3)
     # A light step's lanes shrink to make three programs an SM: EfficientNet's squeeze-excite
-    # pool, 18432 outputs of 3136, takes 576 programs of [32 x 64], not 288 of [64 x 128].
-    assert reduction_config(False, 18_432, 3136, outer=True) == Config(576, (32, 64), 8)
+    # pool, 18432 outputs of 3136, takes 576 programs of [32 x 32] (pipelined), not 288 of [64 x 128].
+    assert reduction_config(False, 18_432, 3136, outer=True) == Config(576, (32, 32), 2, num_stages=3)
     assert reduction_config(False, 18_432, 3136, outer=True, live_tiles=3) == Config(288, (64, 32), 8)
     # Too few programs even at 32 lanes: longer steps, up to MAX_OUTER_TILE elements.
     assert reduction_config(False, 768, 4096, outer=True) == Config(24, (32, 256), 8)
@@ -82,7 +83,7 @@ def test_heavy_outer_steps_take_small_tiles():
     """An outer reduction step holding many tiles (accumulators and loads along both axes) gets
     a tile of about 8192 elements over all of them: Swin's LayerNorm weight and bias gradients
     (11 live tiles) ran 3x faster at [64 x 8], 4 warps, than at [128 x 64], 8 warps (H100)."""
-    assert reduction_config(False, 49_152, 196, outer=True) == Config(768, (64, 32), 8)
+    assert reduction_config(False, 49_152, 196, outer=True) == Config(768, (64, 16), 2, num_stages=3)  # light: pipelined
     assert reduction_config(False, 49_152, 196, outer=True, live_tiles=11) == Config(768, (64, 8), 4)
     # The lanes give way first, keeping 8 reduced rows a step; a warp per 128 elements; never
     # below 512 elements.

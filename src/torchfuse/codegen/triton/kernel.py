@@ -46,12 +46,14 @@ OUTER_PERSISTENT_LIMIT = 128
 # max-autotune can time it per kernel. Triton's compile option of that name pipelines only loads
 # that feed a ``dot``; ``tl.range(..., num_stages=1)`` compiles what a plain ``range`` does.
 LOOP_STAGES_PARAM = "LOOP_STAGES"
-# Whether looped reductions round to bfloat16 two elements an instruction (ops._round_bf16_pairs).
-# Off until timed: on this CPU's sm_90 SASS (2026-12-07) it halves the conversions of
-# EfficientNet's squeeze-excite pools (their arithmetic bound 62 -> 50 us), but in pointwise
+# Whether looped reductions round to bfloat16 two elements an instruction (ops._round_bf16_pairs,
+# inline PTX: NVIDIA GPUs only). On sm_90 SASS it halves the conversions of EfficientNet's
+# squeeze-excite pools (their arithmetic bound 62 -> 50 us on this CPU's count), but in pointwise
 # kernels, where the compiler already pairs a rounding that feeds a store, the opaque asm added
-# conversions (2.5 -> 3.0 an element). Next: ab_policy.py's bn_silu_pool cases, True vs False.
-PACKED_ROUNDINGS = False
+# conversions (2.5 -> 3.0 an element), so only looped reductions take it. Measured on the H100
+# (scripts/ab_policy.py, 2026-12-07, ninth session), the same bits: the pool over [128, 144, 56,
+# 56] 79.0 -> 74.8 us, over [128, 480, 14, 14] 21.4 -> 21.0 us.
+PACKED_ROUNDINGS = torch.version.hip is None
 # IR ops that compile to the SM's special function unit (MUFU: exp2, reciprocal, square root),
 # at 16 an SM a clock on sm_90 against 128 float32 adds: a SiLU is two, a float division one.
 SPECIAL_OPS = frozenset({"exp", "exp2", "sigmoid", "tanh", "log", "log2", "sqrt", "rsqrt", "reciprocal", "truediv",

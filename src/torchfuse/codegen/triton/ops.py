@@ -62,8 +62,11 @@ def _round_bf16(x):
 def _round_bf16_pairs(x):
     # _round_bf16 two elements an instruction on GPUs (cvt.rn.bf16x2.f32, SASS F2FP...PACK_AB),
     # bit for bit the same rounding; Triton converts one a time (F2F), at a quarter of the add
-    # rate. Where roundings, not memory, bound a kernel (kernel.PACKED_ROUNDINGS).
+    # rate. Where roundings, not memory, bound a kernel (kernel.PACKED_ROUNDINGS). A tensor of one
+    # element (a row's value at XBLOCK 1) has no pair: Triton refuses the packed op there.
     if ROUND_BY_BITS:
+        return _round_bf16(x)
+    elif x.numel % 2 == 1:
         return _round_bf16(x)
     else:
         return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.bfloat16,
