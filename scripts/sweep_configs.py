@@ -35,7 +35,7 @@ STAGES = autotune_configs.PIPELINED_STAGES  # a looped kernel's row loop, pipeli
 
 
 def grid(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int, live_tiles: int = 0,
-         special_step: bool = False) -> list[Config]:
+         special_step: int = 0) -> list[Config]:
     """The default first, then every config of the grid the kernel computes correctly with; a
     looped one's tiles both with the plain row loop and with a pipelined one (STAGES)."""
     if kind != "reduction":

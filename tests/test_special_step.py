@@ -11,7 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from conftest import DEVICE, assert_close
 from torchfuse import pipeline
 from torchfuse.codegen.triton import kernel
-from torchfuse.codegen.triton.kernel import SPECIAL_OPS, SPECIAL_STEP_MIN_OPS
+from torchfuse.codegen.triton.kernel import SPECIAL_OPS, SPECIAL_STEP, SPECIAL_STEP_MIN_OPS, TRANSCENDENTAL_STEP
 from torchfuse.diagnostics.model import GraphReport
 from torchfuse.frontend.decompositions import decomposition_table
 from torchfuse.options import Options
@@ -23,17 +23,28 @@ def compile_triton(fn):
 
 
 def test_a_light_outer_step_with_special_functions_takes_small_tiles():
-    special = reduction_config(False, 18432, 3136, outer=True, live_tiles=2, special_step=True)
+    special = reduction_config(False, 18432, 3136, outer=True, live_tiles=2, special_step=SPECIAL_STEP)
     plain = reduction_config(False, 18432, 3136, outer=True, live_tiles=2)
     assert special.constexprs == SPECIAL_STEP_TILE and special.grid == 18432 // SPECIAL_STEP_TILE[0]
     assert plain.constexprs != special.constexprs
     # heavy steps (many live tiles) keep their own rule; persistent and inner ones ignore the mark
-    heavy = reduction_config(False, 18432, 3136, outer=True, live_tiles=6, special_step=True)
+    heavy = reduction_config(False, 18432, 3136, outer=True, live_tiles=6, special_step=SPECIAL_STEP)
     assert heavy == reduction_config(False, 18432, 3136, outer=True, live_tiles=6)
-    assert reduction_config(False, 4096, 8192, special_step=True) == reduction_config(False, 4096, 8192)
+    assert reduction_config(False, 4096, 8192, special_step=SPECIAL_STEP) == reduction_config(False, 4096, 8192)
     # fewer lanes than the tile's: the lanes shrink to the outputs, the rows to the row
-    small = reduction_config(False, 6, 40, outer=True, live_tiles=1, special_step=True)
+    small = reduction_config(False, 6, 40, outer=True, live_tiles=1, special_step=SPECIAL_STEP)
     assert small.constexprs == (8, 64) and small.grid == 1
+
+
+def test_a_heavy_step_with_transcendental_functions_takes_tiles_of_4096_over_its_live_tiles():
+    """Swin's relative-position bias gradient sum (57624 outputs of 256, exp and a division an
+    element, 7 live tiles): [64 x 8], 4 warps, 70.6 us on the H100, where the 8192 elements of
+    other heavy steps gave [128 x 8], 8 warps, 142.3 us. A step with divisions alone keeps 8192."""
+    exp = reduction_config(False, 57_624, 256, outer=True, live_tiles=7, special_step=TRANSCENDENTAL_STEP)
+    assert (exp.grid, exp.constexprs, exp.num_warps) == (901, (64, 8), 4)
+    division = reduction_config(False, 57_624, 256, outer=True, live_tiles=7, special_step=SPECIAL_STEP)
+    assert (division.grid, division.constexprs, division.num_warps) == (451, (128, 8), 8)
+    assert division == reduction_config(False, 57_624, 256, outer=True, live_tiles=7)
 
 
 def _pool(x, mean, rstd, weight, bias):

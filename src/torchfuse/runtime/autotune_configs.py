@@ -46,7 +46,7 @@ INT32_REACH = 2**31 - 1  # the last index a 32-bit ``pid * XBLOCK + arange`` may
 
 
 def candidate_configs(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int,
-                      live_tiles: int = 0, special_step: bool = False) -> list[Config]:
+                      live_tiles: int = 0, special_step: int = 0) -> list[Config]:
     """The configs to time for one launch, the default first, without duplicates.
 
     Args:

@@ -104,7 +104,7 @@ class Launcher:
                  current_device: Callable[[], int] | None = None,
                  current_stream: Callable[[int], int] | None = None, outer: bool = False,
                  tile: tuple[int, int, int] | None = None, live_tiles: int = 0,
-                 fixed_args: frozenset[int] = frozenset(), special_step: bool = False) -> None:
+                 fixed_args: frozenset[int] = frozenset(), special_step: int = 0) -> None:
         self.fn = fn
         self.looped = has_row_loop(fn)
         self.live_tiles = live_tiles

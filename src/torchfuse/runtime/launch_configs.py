@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torchfuse.codegen.triton.kernel import LOOP_STAGES_PARAM
+from torchfuse.codegen.triton.kernel import LOOP_STAGES_PARAM, TRANSCENDENTAL_STEP
 from torchfuse.codegen.triton.tiling import MIN_PROGRAMS, OUTER_MIN_XBLOCK
 
 MAX_POINTWISE_BLOCK = 1024
@@ -73,6 +73,13 @@ IN_FLIGHT_ELEMENTS, MAX_OUTER_TILE = 1 << 21, 8192
 # Persistent steps keep 4096, where T5's sum was measured; 8192 is unmeasured there.
 HEAVY_STEP_ELEMENTS, HEAVY_MIN_TILE, HEAVY_MIN_RBLOCK = 8192, 512, 8
 HEAVY_PERSISTENT_ELEMENTS = 4096
+# A heavy looped step computing transcendental functions of each element (kernel.TRANSCENDENTAL_STEP:
+# Swin's relative-position bias gradients recompute a softmax, exp and a division an element,
+# under 7 live tiles) keeps the 4096 measured first: on the H100 (scripts/time_kernels.py,
+# 2026-12-07, ninth session) 8192 gave it [128 x 8] with 8 warps, 142.3 us, where 4096 gives
+# [64 x 8] with 4 warps, 70.6 us, the best of 108 configs (the sixth session measured 75 and 67
+# us for the two such kernels at 4096). The steps 8192 was measured on have no such functions.
+HEAVY_TRANSCENDENTAL_ELEMENTS = 4096
 # The grid a looped outer reduction of a light step (one or two live tiles) shrinks its lanes to
 # fill (down to OUTER_MIN_XBLOCK): three programs an SM, not two. Measured on the H100
 # (scripts/ab_policy.py, 2026-12-07): EfficientNet's squeeze-excite pool over [128, 144, 56, 56]
@@ -178,11 +185,12 @@ def tile_config(znumel: int, ynumel: int, xnumel: int) -> Config:
 
 
 def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = False,
-                     live_tiles: int = 0, special_step: bool = False) -> Config:
+                     live_tiles: int = 0, special_step: int = 0) -> Config:
     """Grid and (XBLOCK, RBLOCK) of a reduction: ``outer`` tiles are [RBLOCK, XBLOCK] with the
     lanes along the rows; inner ones [XBLOCK, RBLOCK], a whole row (persistent) or RBLOCK of
     it at a time (looped). ``live_tiles``: the tiles one step holds (0: unknown, taken as few);
-    ``special_step``: a looped step computes special functions of each element."""
+    ``special_step``: a looped step computes special functions of each element (kernel.SPECIAL_STEP
+    or TRANSCENDENTAL_STEP; 0: none)."""
     if outer:
         return _outer_config(persistent, xnumel, rnumel, live_tiles, special_step)
     if persistent:
@@ -211,9 +219,14 @@ def _short_rows_config(xnumel: int, rnumel: int, rblock: int) -> Config:
     return Config(cdiv(xnumel, xblock), (xblock, rblock), warps)
 
 
-def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int, special_step: bool = False) -> Config:
+def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int, special_step: int = 0) -> Config:
     xblock = min(OUTER_XBLOCK, max(2, next_power_of_2(xnumel)))
-    heavy_tile = _heavy_step_tile(live_tiles, HEAVY_PERSISTENT_ELEMENTS if persistent else HEAVY_STEP_ELEMENTS)
+    heavy_elements = HEAVY_STEP_ELEMENTS
+    if persistent:
+        heavy_elements = HEAVY_PERSISTENT_ELEMENTS
+    elif special_step >= TRANSCENDENTAL_STEP:
+        heavy_elements = HEAVY_TRANSCENDENTAL_ELEMENTS
+    heavy_tile = _heavy_step_tile(live_tiles, heavy_elements)
     if persistent:
         rblock = max(2, next_power_of_2(rnumel))
         # A few reduced elements (a grouped-query heads' gradient sums 4) would make tiles of a
@@ -284,7 +297,7 @@ def _fill_the_gpu(xnumel: int, rnumel: int, xblock: int, floor: int, small_too: 
 
 
 def default_config(kind: str, persistent: bool, outer: bool, tile: tuple[int, int, int] | None,
-                   xnumel: int, rnumel: int, live_tiles: int = 0, special_step: bool = False) -> Config:
+                   xnumel: int, rnumel: int, live_tiles: int = 0, special_step: int = 0) -> Config:
     """The config of a launch when nothing is tuned (``tile_config`` / ``pointwise_config`` /
     ``reduction_config``): what a ``Launcher`` launches and what ``triton_ahead`` compiles."""
     if tile is not None:

@@ -63,6 +63,11 @@ SPECIAL_OPS = frozenset({"exp", "exp2", "sigmoid", "tanh", "log", "log2", "sqrt"
 # gained from small tiles (113.5 -> 81.0 us), a pool over a SiLU alone (4 ops) lost (65.3 ->
 # 70.2 us). 8 lies between the two; no step of 5 to 9 ops was measured.
 SPECIAL_STEP_MIN_OPS = 8
+# Special functions that take several MUFU instructions and dozens of others (libdevice's exp is
+# an exp2 with range reduction; a sigmoid an exp and a division): a step with one of them is a
+# TRANSCENDENTAL_STEP, one with divisions and square roots alone a SPECIAL_STEP.
+TRANSCENDENTAL_OPS = frozenset({"exp", "exp2", "sigmoid", "tanh", "log", "log2", "sin", "cos"})
+PLAIN_STEP, SPECIAL_STEP, TRANSCENDENTAL_STEP = 0, 1, 2
 # The program id a kernel starts from: int64 when its indices may pass 2**31 (``_needs_int64``).
 PROGRAM_ID, PROGRAM_ID_64 = "tl.program_id(0)", "tl.program_id(0).to(tl.int64)"
 
@@ -109,8 +114,10 @@ class TritonKernel:
     live_tiles: int = 0
     # A looped reduction whose step computes special functions for each element (SPECIAL_OPS:
     # exp, reciprocal, square root, on the SM's quarter-rate unit) among SPECIAL_STEP_MIN_OPS ops
-    # or more: launch_configs.reduction_config gives light outer ones small tiles and many programs.
-    special_step: bool = False
+    # or more: launch_configs.reduction_config gives light outer ones small tiles and many
+    # programs, heavy ones with TRANSCENDENTAL_OPS smaller tiles. PLAIN_STEP, SPECIAL_STEP or
+    # TRANSCENDENTAL_STEP (true for both of the last two).
+    special_step: int = 0
 
 
 def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
@@ -442,15 +449,17 @@ class KernelRenderer:
                             live_tiles=self.writer.tile_loads + self.accumulators if self.is_reduction else 0,
                             special_step=self._special_step())
 
-    def _special_step(self) -> bool:
-        """Whether a looped reduction computes a special function of each element it reduces, in
-        a step of SPECIAL_STEP_MIN_OPS ops or more."""
+    def _special_step(self) -> int:
+        """TRANSCENDENTAL_STEP or SPECIAL_STEP where a looped reduction computes such a function
+        of each element it reduces, in a step of SPECIAL_STEP_MIN_OPS ops or more; else PLAIN_STEP."""
         if not self.is_reduction or self.persistent:
-            return False
+            return PLAIN_STEP
         # op names and counts do not depend on the index: the member's body as it is, not re-indexed
         bodies = [m.body for m in self.kernel.members if m.role == "reduction"]
-        special = any(isinstance(e, Op) and e.name in SPECIAL_OPS for body in bodies for e in walk(body))
-        return special and sum(count_ops(body) for body in bodies) >= SPECIAL_STEP_MIN_OPS
+        names = {e.name for body in bodies for e in walk(body) if isinstance(e, Op)}
+        if not names & SPECIAL_OPS or sum(count_ops(body) for body in bodies) < SPECIAL_STEP_MIN_OPS:
+            return PLAIN_STEP
+        return TRANSCENDENTAL_STEP if names & TRANSCENDENTAL_OPS else SPECIAL_STEP
 
 
 def canonical_function_name(kind: str, signature_and_body: str) -> str:
