@@ -21,6 +21,7 @@ def test_a_variant_that_fills_looped_outer_grids_doubles_a_column_sums_first_sta
         capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines() if ":" in line}
-    # [16384, 4096] bf16 summed over the rows: the split's first stage (its second follows)
-    assert "grid 512 [128 x 32] w8 134 MB" in lines["default"]
-    assert "grid 1024 [64 x 32] w8 134 MB" in lines["fill528"]
+    # [16384, 4096] bf16 summed over the rows: the split's first stage (its second follows),
+    # pipelined (launch_configs.LIGHT_OUTER_PIPELINE: half the tile's rows, 2 warps)
+    assert "grid 512 [128 x 16] w2 134 MB" in lines["default"]
+    assert "grid 1024 [64 x 16] w2 134 MB" in lines["fill528"]
