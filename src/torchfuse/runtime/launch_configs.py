@@ -99,13 +99,14 @@ LOOPED_OUTER_MIN_PROGRAMS = 3 * MIN_PROGRAMS // 2
 # [64 x 16], 135 at the best), and so do short steps: a pool over a SiLU alone lost at this
 # tile, 65.3 -> 70.2 us (kernel.SPECIAL_STEP_MIN_OPS). 16 bf16 lanes are a 32-byte sector.
 SPECIAL_STEP_TILE = (16, 64)  # (XBLOCK, RBLOCK)
-# A light looped outer step (no special functions, one or two live tiles) with its row loop
-# pipelined: (warps, stages), half the tile's reduced rows, or None for the tiles above with a
-# plain loop. Measured on the H100 (scripts/time_kernels.py, 2026-12-07, ninth session), four
-# of MobileNetV3 training's batch-norm backward sums: [128 x 8] with 2 warps and 3 stages
-# against the default [128 x 16] with 8 warps and a plain loop, 58.0 -> 40.2 us (97 MB), 43.9
-# -> 37.2 (102 MB), 36.1 -> 27.9 (68 MB), 35.4 -> 28.0 (73 MB): each within 3% of the best of
-# 120 configs. With 3 stages the loads of two later steps are in flight while one computes,
+# A looped outer step that neither SPECIAL_STEP_TILE nor the heavy-step rule shrinks (one or
+# two live tiles, or a few whose tile fits HEAVY_STEP_ELEMENTS), on a grid of MIN_PROGRAMS or
+# more, with its row loop pipelined: (warps, stages), half the tile's reduced rows; None: the
+# tiles above with a plain loop. Measured on the H100 (scripts/time_kernels.py, 2026-12-07,
+# ninth session), four of MobileNetV3 training's batch-norm + hard-swish backward sums (4 live
+# tiles): [128 x 8] with 2 warps and 3 stages against the default [128 x 16] with 8 warps and a
+# plain loop, 58.0 -> 40.2 us (97 MB), 43.9 -> 37.2 (102 MB), 36.1 -> 27.9 (68 MB), 35.4 ->
+# 28.0 (73 MB): each within 3% of the best of 120 configs. With 3 stages the loads of two later steps are in flight while one computes,
 # so a smaller tile and fewer warps keep as many bytes moving.
 LIGHT_OUTER_PIPELINE: tuple[int, int] | None = (2, 3)
 SMALL_KERNEL = 1 << 16  # elements
