@@ -35,12 +35,13 @@ STAGES = autotune_configs.PIPELINED_STAGES  # a looped kernel's row loop, pipeli
 
 
 def grid(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int, live_tiles: int = 0,
-         special_step: int = 0) -> list[Config]:
+         special_step: int = 0, chunk_lanes: int = 0) -> list[Config]:
     """The default first, then every config of the grid the kernel computes correctly with; a
     looped one's tiles both with the plain row loop and with a pipelined one (STAGES)."""
     if kind != "reduction":
-        return autotune_configs.candidate_configs(kind, persistent, outer, xnumel, rnumel, live_tiles, special_step)
-    default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step)
+        return autotune_configs.candidate_configs(kind, persistent, outer, xnumel, rnumel, live_tiles, special_step,
+                                                  chunk_lanes)
+    default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step, chunk_lanes)
     rblock = default.constexprs[1]
     rblocks = [rblock] if persistent else sorted({max(2, rblock // 4), max(2, rblock // 2), rblock, rblock * 2})
     found = [default]

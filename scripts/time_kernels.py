@@ -150,8 +150,10 @@ def describe_kernel(source: str) -> types.SimpleNamespace:
     live = len(re.findall(r"= tl\.full\(\[(RBLOCK, XBLOCK|XBLOCK, RBLOCK)\]|\btile\d+ = tl\.where", body))
     live += len(re.findall(r"tl\.load\([^\n]*xmask & rmask", body))
     looped = reduction and "for roffset" in body
+    chunks = re.search(r"^\s*if (\d+) % XBLOCK == 0:", body, re.M)  # codegen/triton/chunks.py
     return types.SimpleNamespace(
         function=function, source=source, tile=None, live_tiles=live if reduction else 0,
+        chunk_lanes=int(chunks.group(1)) if chunks else 0,
         special_step=looped and SPECIAL_TEXT.search(_first_loop(body)) is not None,
         kind="reduction" if reduction else "pointwise",
         persistent=reduction and "for roffset" not in body,
@@ -163,7 +165,8 @@ def config_grid(kernel: types.SimpleNamespace, xnumel: int, rnumel: int, stages:
     or 2 to 8 warps; a looped reduction's RBLOCK from 8 to 64 (outer) or to its row (inner),
     each with every count of ``stages`` for its row loop."""
     default = header_launch(kernel.source, xnumel) or default_config(
-        kernel.kind, kernel.persistent, kernel.outer, None, xnumel, rnumel, kernel.live_tiles, kernel.special_step)
+        kernel.kind, kernel.persistent, kernel.outer, None, xnumel, rnumel, kernel.live_tiles, kernel.special_step,
+        kernel.chunk_lanes)
     if kernel.kind != "reduction":
         return [default]
     found = [default]
@@ -211,7 +214,7 @@ def sweep(path: str, xnumel: int | None, rnumel: int | None, keep: int, stages: 
     moved = sum(a.numel() * a.element_size() for a in args)
     launch = PredictedLaunch(xnumel, rnumel, tuple(PointerArg(a.dtype, a.data_ptr() % 16 == 0) for a in args))
     launcher = Launcher(fn, kernel.kind, kernel.persistent, outer=kernel.outer, live_tiles=kernel.live_tiles,
-                        special_step=kernel.special_step)
+                        special_step=kernel.special_step, chunk_lanes=kernel.chunk_lanes)
     launcher.current_device, launcher.current_stream = _cuda_device_and_stream()
     ready = triton_ahead.compile_ahead({kernel.function: kernel}, {kernel.function: fn},
                                        {kernel.function: launch}, configs={kernel.function: configs})

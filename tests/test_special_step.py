@@ -6,15 +6,11 @@ reads the mark."""
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from conftest import DEVICE, assert_close
-from torchfuse import pipeline
+from helpers.rendering import rendered_kernels
 from torchfuse.codegen.triton import kernel
 from torchfuse.codegen.triton.kernel import SPECIAL_OPS, SPECIAL_STEP, SPECIAL_STEP_MIN_OPS, TRANSCENDENTAL_STEP
-from torchfuse.diagnostics.model import GraphReport
-from torchfuse.frontend.decompositions import decomposition_table
-from torchfuse.options import Options
 from torchfuse.runtime.launch_configs import SPECIAL_STEP_TILE, reduction_config
 
 
@@ -61,13 +57,7 @@ def _silu_pool(x):
 
 def _rendered_reductions(fn, args) -> list:
     """The rendered reduction kernels of ``fn`` on the Triton target (nothing runs)."""
-    gm = make_fx(fn, decomposition_table=decomposition_table())(*args)
-    state = pipeline.CompileState(gm, list(args), Options(target="triton"), "triton",
-                                  GraphReport("g", "inference", "triton"))
-    pipeline.stage_lower(state)
-    pipeline.stage_schedule(state)
-    rendered = [pipeline.render_triton_kernel(k, state.graph.buffers, int) for k in state.plan.kernels]
-    return [k for k in rendered if k.kind == "reduction"]
+    return [k for k in rendered_kernels(fn, args) if k.kind == "reduction"]
 
 
 def _pool_inputs(batch: int = 64, c: int = 144, hw: int = 28) -> list[torch.Tensor]:

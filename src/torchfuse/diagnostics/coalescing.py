@@ -27,7 +27,7 @@ import numpy as np
 
 from torchfuse.runtime.launch import Launcher
 
-INDEX_NAMES = ("pid", "xtiles", "ytiles", "zindex", "yindex", "xindex", "rindex")
+INDEX_NAMES = ("pid", "xtiles", "ytiles", "zindex", "yindex", "xindex", "xchunk", "xlane", "rindex")
 WARP = 32
 SECTOR_BYTES = 32
 
@@ -110,7 +110,7 @@ class Access:
 def launcher(kernel) -> Launcher:
     """The launcher the wrapper builds for a rendered ``TritonKernel`` (for its config)."""
     return Launcher(None, kernel.kind, kernel.persistent, direct=False, outer=kernel.outer, tile=kernel.tile,
-                    live_tiles=kernel.live_tiles, special_step=kernel.special_step)
+                    live_tiles=kernel.live_tiles, special_step=kernel.special_step, chunk_lanes=kernel.chunk_lanes)
 
 
 def index_lines(source: str) -> dict[str, str]:

@@ -118,6 +118,7 @@ class KernelTuner:
         self.name = name
         self.kind, self.persistent, self.outer = kernel.kind, kernel.persistent, kernel.outer
         self.live_tiles, self.special_step = kernel.live_tiles, kernel.special_step
+        self.chunk_lanes = kernel.chunk_lanes
         self.function = kernel.function
         self.module_digest = module_digest(kernel)
         self.effects = effects_of(kernel.source)
@@ -130,7 +131,7 @@ class KernelTuner:
         started = time.perf_counter()
         default = launcher.config(xnumel, rnumel)
         candidates = candidate_configs(self.kind, self.persistent, self.outer, xnumel, rnumel, self.live_tiles,
-                                       self.special_step)
+                                       self.special_step, self.chunk_lanes)
         why = _why_untuned(candidates, default)
         if why:
             self._report(Choice(self.name, xnumel, rnumel, default, default, f"default: {why}"), "untuned", started)
@@ -356,7 +357,7 @@ def configs_to_compile(kernels: dict[str, TritonKernel], predictions: dict[str, 
         if not isinstance(launch, PredictedLaunch) or kernel is None:
             continue
         candidates = candidate_configs(kernel.kind, kernel.persistent, kernel.outer, launch.xnumel, launch.rnumel,
-                                       kernel.live_tiles, kernel.special_step)
+                                       kernel.live_tiles, kernel.special_step, kernel.chunk_lanes)
         if len(candidates) <= 1 or candidates[0] != defaults(kernel, launch):
             continue
         spec = predicted_key(launch.xnumel, launch.rnumel, launch.args)[2:]

@@ -46,7 +46,7 @@ INT32_REACH = 2**31 - 1  # the last index a 32-bit ``pid * XBLOCK + arange`` may
 
 
 def candidate_configs(kind: str, persistent: bool, outer: bool, xnumel: int, rnumel: int,
-                      live_tiles: int = 0, special_step: int = 0) -> list[Config]:
+                      live_tiles: int = 0, special_step: int = 0, chunk_lanes: int = 0) -> list[Config]:
     """The configs to time for one launch, the default first, without duplicates.
 
     Args:
@@ -57,13 +57,15 @@ def candidate_configs(kind: str, persistent: bool, outer: bool, xnumel: int, rnu
         xnumel, rnumel: the launch's sizes (rnumel is 0 for pointwise kernels).
         live_tiles: a reduction's tiles live in one step (``TritonKernel.live_tiles``).
         special_step: a looped step computes special functions (``TritonKernel.special_step``).
+        chunk_lanes: the default's XBLOCK divides it (``TritonKernel.chunk_lanes``); the
+            neighbours may not (the kernel is correct at any XBLOCK, and they are timed).
     """
     staged: list[Shape] = []
     if kind == "pointwise":
         default = pointwise_config(xnumel)
         shapes = _pointwise_neighbours(default)
     elif kind == "reduction":
-        default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step)
+        default = reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step, chunk_lanes)
         shapes = _persistent_neighbours(default) if persistent else _looped_neighbours(default)
         staged = [] if persistent else _staged_neighbours(default)
     else:

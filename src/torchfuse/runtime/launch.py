@@ -98,17 +98,19 @@ class Launcher:
             (codegen/triton/tiles2d.py); it launches like a 1-D one, with (xnumel, 0, args).
         live_tiles: a reduction's tiles live in one step (``TritonKernel.live_tiles``).
         special_step: a looped step computes special functions (``TritonKernel.special_step``).
+        chunk_lanes: the default XBLOCK divides it (``TritonKernel.chunk_lanes``; 0: any).
     """
 
     def __init__(self, fn: Any, kind: str, persistent: bool = False, direct: bool | None = None,
                  current_device: Callable[[], int] | None = None,
                  current_stream: Callable[[int], int] | None = None, outer: bool = False,
                  tile: tuple[int, int, int] | None = None, live_tiles: int = 0,
-                 fixed_args: frozenset[int] = frozenset(), special_step: int = 0) -> None:
+                 fixed_args: frozenset[int] = frozenset(), special_step: int = 0, chunk_lanes: int = 0) -> None:
         self.fn = fn
         self.looped = has_row_loop(fn)
         self.live_tiles = live_tiles
         self.special_step = special_step
+        self.chunk_lanes = chunk_lanes
         self.kind = kind
         self.persistent = persistent
         self.outer = outer
@@ -241,7 +243,7 @@ class Launcher:
     def config(self, xnumel: int, rnumel: int) -> Config:
         """The default config for these sizes."""
         return default_config(self.kind, self.persistent, self.outer, self.tile, xnumel, rnumel, self.live_tiles,
-                              self.special_step)
+                              self.special_step, self.chunk_lanes)
 
 
 def _specialization(arg: Any) -> Any:

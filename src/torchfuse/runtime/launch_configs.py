@@ -7,7 +7,7 @@ constant of this module per variant to compare policies on a GPU.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torchfuse.codegen.triton.kernel import LOOP_STAGES_PARAM, TRANSCENDENTAL_STEP
@@ -186,14 +186,15 @@ def tile_config(znumel: int, ynumel: int, xnumel: int) -> Config:
 
 
 def reduction_config(persistent: bool, xnumel: int, rnumel: int, outer: bool = False,
-                     live_tiles: int = 0, special_step: int = 0) -> Config:
+                     live_tiles: int = 0, special_step: int = 0, chunk_lanes: int = 0) -> Config:
     """Grid and (XBLOCK, RBLOCK) of a reduction: ``outer`` tiles are [RBLOCK, XBLOCK] with the
     lanes along the rows; inner ones [XBLOCK, RBLOCK], a whole row (persistent) or RBLOCK of
     it at a time (looped). ``live_tiles``: the tiles one step holds (0: unknown, taken as few);
     ``special_step``: a looped step computes special functions of each element (kernel.SPECIAL_STEP
-    or TRANSCENDENTAL_STEP; 0: none)."""
+    or TRANSCENDENTAL_STEP; 0: none); ``chunk_lanes``: XBLOCK must divide it (``align_to_chunks``)."""
     if outer:
-        return _outer_config(persistent, xnumel, rnumel, live_tiles, special_step)
+        config = _outer_config(persistent, xnumel, rnumel, live_tiles, special_step)
+        return align_to_chunks(config, chunk_lanes, xnumel, rnumel, persistent)
     if persistent:
         rblock = max(2, next_power_of_2(rnumel))
         if rblock <= SHORT_ROW_RBLOCK:
@@ -267,6 +268,19 @@ def _outer_config(persistent: bool, xnumel: int, rnumel: int, live_tiles: int, s
     return Config(cdiv(xnumel, xblock), (xblock, rblock), 8 if rblock * xblock >= 2048 else 4)
 
 
+def align_to_chunks(config: Config, chunk_lanes: int, xnumel: int, rnumel: int, persistent: bool) -> Config:
+    """``config`` with an XBLOCK that divides ``chunk_lanes`` (0: unchanged), so that every lane of
+    a program is in one chunk of rows (codegen/triton/chunks.py: the chunk's values load once a
+    row, not once an element); a looped tile keeps its elements, in more reduced rows."""
+    xblock, rblock = config.constexprs
+    if not chunk_lanes or chunk_lanes % xblock == 0:
+        return config
+    aligned = min(xblock, chunk_lanes & -chunk_lanes)  # the largest power of 2 dividing it
+    if not persistent:
+        rblock = max(2, min(next_power_of_2(rnumel), rblock * (xblock // aligned)))
+    return replace(config, grid=cdiv(xnumel, aligned), constexprs=(aligned, rblock))
+
+
 def _heavy_step_tile(live_tiles: int, elements: int) -> int:
     """The largest tile for a step holding ``live_tiles`` tiles of ``elements`` in all; 0 (no
     bound) for one or two."""
@@ -298,11 +312,12 @@ def _fill_the_gpu(xnumel: int, rnumel: int, xblock: int, floor: int, small_too: 
 
 
 def default_config(kind: str, persistent: bool, outer: bool, tile: tuple[int, int, int] | None,
-                   xnumel: int, rnumel: int, live_tiles: int = 0, special_step: int = 0) -> Config:
+                   xnumel: int, rnumel: int, live_tiles: int = 0, special_step: int = 0,
+                   chunk_lanes: int = 0) -> Config:
     """The config of a launch when nothing is tuned (``tile_config`` / ``pointwise_config`` /
     ``reduction_config``): what a ``Launcher`` launches and what ``triton_ahead`` compiles."""
     if tile is not None:
         return tile_config(*tile)
     if kind in FLAT_KINDS:
         return pointwise_config(xnumel)
-    return reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step)
+    return reduction_config(persistent, xnumel, rnumel, outer, live_tiles, special_step, chunk_lanes)

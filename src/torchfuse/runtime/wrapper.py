@@ -481,7 +481,7 @@ def bind_wrapper(source: str, constants: dict[str, Any], tensor_constants: dict[
             kernel = value
             value = Launcher(launchers[kernel.name], kernel.kind, kernel.persistent, outer=kernel.outer, tile=kernel.tile,
                              live_tiles=kernel.live_tiles, fixed_args=(fixed_args or {}).get(name, frozenset()),
-                             special_step=kernel.special_step)
+                             special_step=kernel.special_step, chunk_lanes=kernel.chunk_lanes)
             if ahead and kernel.name in ahead:
                 launch, loads = ahead[kernel.name]
                 for load in loads:

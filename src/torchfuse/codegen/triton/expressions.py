@@ -20,6 +20,10 @@ from torchfuse.ir.symbols import is_float_size, simplify_index, size_symbols
 # First letters of the index symbols that are blocks (xindex, rindex, and a 2-D tile's yindex);
 # anything else in an index (sizes, a tile's per-program zindex) is a scalar.
 TENSOR_INDEX_PREFIXES = ("x", "r", "y")
+# Block symbols whose mask is not their first letter's: an outer reduction's chunk of rows
+# (``xchunk``, kernel.py's lane-uniform split index) has a mask of its own, ``[1, 1]`` where
+# every lane of a program is in one chunk.
+LOOP_KEYS = {"xchunk": "c"}
 
 
 @dataclass
@@ -64,6 +68,9 @@ class ExpressionWriter(CseWriter):
         # Memory loads that vary along both the rows and the reduced axis: each holds a whole
         # tile in registers (launch.py sizes heavy reductions' tiles by them).
         self.tile_loads = 0
+        # Rewrites a direct index (simplified, in xindex/rindex) before it is printed: an outer
+        # reduction names its rows' chunk and lane (kernel.py); identity otherwise.
+        self.rewrite_index: Callable[[sympy.Expr], sympy.Expr] = lambda index: index
         super().__init__()
 
     def value(self, expr, scope: Scope):
@@ -115,8 +122,9 @@ class ExpressionWriter(CseWriter):
         if isinstance(expr, Const):
             return Value(_literal(expr.value, expr.dtype), False)
         if isinstance(expr, IndexValue):
-            text = self.index_text(expr.index, as_float=expr.dtype.is_floating_point)
-            is_tensor = any(_is_block_symbol(s) for s in expr.index.free_symbols)
+            index = self.rewrite_index(expr.index)
+            text = self.index_text(index, as_float=expr.dtype.is_floating_point)
+            is_tensor = any(_is_block_symbol(s) for s in index.free_symbols)
             return self._assign(f"{text}" if is_tensor else text, is_tensor, scope, cast=expr.dtype)
         if isinstance(expr, Load):
             return self._emit_load(expr, scope)
@@ -200,14 +208,14 @@ class ExpressionWriter(CseWriter):
                 gathered = self.tensor(entry, scope)
                 offset_terms.append(f"({gathered}) * {print_index(stride)}")
                 # The masks of the loop variables the gathered value itself depends on.
-                loop_vars |= {sym.name[0] for sym in index_symbols(entry) if _is_block_symbol(sym)}
+                loop_vars |= {_loop_key(sym) for sym in index_symbols(entry) if _is_block_symbol(sym)}
                 self._note_sizes(stride)
             else:
                 direct = direct + entry * stride
-        direct = simplify_index(direct)
-        loop_vars |= {s.name[0] for s in direct.free_symbols if _is_block_symbol(s)}
+        direct = self.rewrite_index(simplify_index(direct))
+        loop_vars |= {_loop_key(s) for s in direct.free_symbols if _is_block_symbol(s)}
         if guard is not None:  # the guard's lanes are the mask's too
-            loop_vars |= {s.name[0] for s in index_symbols(guard) if _is_block_symbol(s)}
+            loop_vars |= {_loop_key(s) for s in index_symbols(guard) if _is_block_symbol(s)}
         offset = " + ".join([self.index_text(direct)] + offset_terms)
         mask = self.mask_for(loop_vars)
         if guard is not None:
@@ -251,6 +259,11 @@ def _exact_float32_literal(value: float) -> str:
 
 def _is_block_symbol(symbol: sympy.Symbol) -> bool:
     return symbol.name[:1] in TENSOR_INDEX_PREFIXES
+
+
+def _loop_key(symbol: sympy.Symbol) -> str:
+    """Which mask a block symbol's lanes take: "x", "r", "y", or "c" (``LOOP_KEYS``)."""
+    return LOOP_KEYS.get(symbol.name, symbol.name[0])
 
 
 def _special_pow(expr: Op, writer: ExpressionWriter, scope: Scope) -> Value | None:

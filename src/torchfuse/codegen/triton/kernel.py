@@ -20,6 +20,7 @@ import torch
 
 from torchfuse.codegen.layout import overwritable_inputs, store_order
 from torchfuse.codegen.triton import online_softmax
+from torchfuse.codegen.triton.chunks import CHUNK_MASK, row_chunks
 from torchfuse.codegen.triton import reductions as red
 from torchfuse.codegen.triton.expressions import ExpressionWriter, Scope, Value
 from torchfuse.codegen.triton.printer import compute_dtype, tl_dtype
@@ -118,6 +119,9 @@ class TritonKernel:
     # programs, heavy ones with TRANSCENDENTAL_OPS smaller tiles. PLAIN_STEP, SPECIAL_STEP or
     # TRANSCENDENTAL_STEP (true for both of the last two).
     special_step: int = 0
+    # An outer reduction whose reads name its rows' chunk (chunks.py): the default launch's
+    # XBLOCK divides this many rows (launch_configs.align_to_chunks); 0 for other kernels.
+    chunk_lanes: int = 0
 
 
 def flat_var_map(ranges, kernel_vars, flat: sympy.Symbol) -> dict[sympy.Symbol, sympy.Expr]:
@@ -172,6 +176,9 @@ class KernelRenderer:
         self.writer.is_register = lambda name: name in self.registers
         self.writer.packed_roundings = PACKED_ROUNDINGS and self.is_reduction and not self.persistent
         self.writer.is_kernel_input = self._is_kernel_input
+        self.chunks = row_chunks(XINDEX, self.outer, x_ranges)
+        if self.chunks is not None:
+            self.writer.rewrite_index = self.chunks.rewrite
 
     @staticmethod
     def _store_offset(kernel: FusedKernel, buffers: dict[str, Buffer]) -> sympy.Expr | None:
@@ -200,7 +207,9 @@ class KernelRenderer:
         return self.pointers[buffer]
 
     def _mask(self, loop_vars: set[str]) -> str:
-        masks = [m for v, m in (("y", "ymask"), ("x", "xmask"), ("r", "rmask")) if v in loop_vars]
+        if "x" in loop_vars:  # the lanes' mask covers their chunk's
+            loop_vars = loop_vars - {"c"}
+        masks = [m for v, m in (("y", "ymask"), ("x", "xmask"), ("c", CHUNK_MASK), ("r", "rmask")) if v in loop_vars]
         if not self.is_reduction and self.tile2d is None:
             masks = ["xmask"] if "x" in loop_vars else []
         return (", " + " & ".join(masks)) if masks else ""
@@ -233,6 +242,7 @@ class KernelRenderer:
         self._emit_prologue(top)
         if self.is_reduction:
             self._emit_reduction_members(top)
+            self._define_chunks(lines)
         elif self.kernel.kind == "scatter":
             emit_scatter(self, top)
         else:
@@ -258,6 +268,14 @@ class KernelRenderer:
         if self.persistent:
             scope.emit(f"rindex = tl.arange(0, RBLOCK){self._axis_suffix('r')}")
             scope.emit("rmask = rindex < rnumel")
+
+    def _define_chunks(self, lines: list[str]) -> None:
+        """``chunks.py``'s names, after ``xmask``, where the body used them."""
+        if self.chunks is None or not self.chunks.names:
+            return
+        pid = PROGRAM_ID_64 if self.int64 else PROGRAM_ID
+        at = lines.index("    xmask = xindex < xnumel") + 1
+        lines[at:at] = ["    " + line for line in self.chunks.prologue(pid, self._axis_suffix("x"))]
 
     def _emit_tile_prologue(self, pid: str, scope: Scope) -> None:
         """A 2-D tile's indices: the one program id is (z, y tile, x tile), x fastest; the
@@ -447,7 +465,8 @@ class KernelRenderer:
                             self.outer, self.tile2d.numels if self.tile2d is not None else None,
                             overwritable_inputs(self.kernel, self.buffers),
                             live_tiles=self.writer.tile_loads + self.accumulators if self.is_reduction else 0,
-                            special_step=self._special_step())
+                            special_step=self._special_step(),
+                            chunk_lanes=self.chunks.lanes if self.chunks is not None and self.chunks.chunked else 0)
 
     def _special_step(self) -> int:
         """TRANSCENDENTAL_STEP or SPECIAL_STEP where a looped reduction computes such a function
