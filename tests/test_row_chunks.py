@@ -81,6 +81,18 @@ def _straddling(config, chunk_lanes, xnumel, rnumel, persistent):
     return replace(config, grid=cdiv(xnumel, 64), constexprs=(64, config.constexprs[1]))
 
 
+def _check_against_float64(args: list[torch.Tensor]) -> None:
+    """The compiled gradients against eager's and float64's, split in two stages."""
+    compiled = torch.compile(layer_norm_weight_grads, backend="torchfuse", options={"target": "triton", "strict": True})
+    got = compiled(*args)
+    expected = layer_norm_weight_grads(*args)
+    reference = layer_norm_weight_grads(*(a.double() for a in args))
+    for g, e, r in zip(got, expected, reference):
+        assert_close(g, e, reference=r)
+    splits = [note for graph in torchfuse.report().graphs for note in graph.split_reductions]
+    assert splits and all(re.search(r"split in two stages", note) for note in splits)
+
+
 @pytest.mark.parametrize("aligned", [True, False], ids=["one_chunk_a_program", "straddling"])
 @pytest.mark.parametrize("tokens,channels", [(300, 96), (97, 64)])
 def test_layer_norm_weight_gradients_match_float64(monkeypatch, aligned, tokens, channels):
@@ -91,16 +103,8 @@ def test_layer_norm_weight_gradients_match_float64(monkeypatch, aligned, tokens,
     real_prologue = chunks.RowChunks.prologue
     monkeypatch.setattr(chunks.RowChunks, "prologue",
                         lambda self, *a: prologues.append(self.lanes) or real_prologue(self, *a))
-    args = _inputs(tokens, channels, device=DEVICE)
-    compiled = torch.compile(layer_norm_weight_grads, backend="torchfuse", options={"target": "triton", "strict": True})
-    got = compiled(*args)
-    expected = layer_norm_weight_grads(*args)
-    reference = layer_norm_weight_grads(*(a.double() for a in args))
-    for g, e, r in zip(got, expected, reference):
-        assert_close(g, e, reference=r)
+    _check_against_float64(_inputs(tokens, channels, device=DEVICE))
     assert channels in prologues, torchfuse.report()
-    splits = [note for graph in torchfuse.report().graphs for note in graph.split_reductions]
-    assert splits and all(re.search(r"split in two stages", note) for note in splits)
 
 
 @pytest.mark.gpu
@@ -109,11 +113,4 @@ def test_swin_sized_weight_gradients_on_a_gpu(monkeypatch, aligned):
     """Swin's first stage: bf16 gradients of 8 x 3136 tokens of 96 channels, split as on a GPU."""
     if not aligned:
         monkeypatch.setattr(launch_configs, "align_to_chunks", _straddling)
-    args = _inputs(8 * 3136, 96, torch.bfloat16, device="cuda")
-    compiled = torch.compile(layer_norm_weight_grads, backend="torchfuse", options={"target": "triton", "strict": True})
-    got = compiled(*args)
-    expected = layer_norm_weight_grads(*args)
-    reference = layer_norm_weight_grads(*(a.double() for a in args))
-    for g, e, r in zip(got, expected, reference):
-        assert_close(g, e, reference=r)
-    assert [note for graph in torchfuse.report().graphs for note in graph.split_reductions]
+    _check_against_float64(_inputs(8 * 3136, 96, torch.bfloat16, device="cuda"))
