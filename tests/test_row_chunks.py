@@ -55,6 +55,33 @@ def test_row_statistics_load_once_a_row(channels):
     assert channels % xblock == 0
 
 
+def position_bias_grad(grad, probs, row_dot):
+    """T5's relative-position bias gradient: the softmax backward summed over the batch, with
+    one value per query row (``row_dot``) read across the keys."""
+    return (probs * (grad - row_dot)).sum(0)
+
+
+def test_per_query_values_load_once_a_row():
+    """Over [B, H, Q, K] scores the chunk is a query row of K keys: its softmax term loads as a
+    column, and K // 512-style coarser rows go through the chunk."""
+    b, h, q, k = 4, 8, 512, 512
+    kernels = rendered_kernels(position_bias_grad, [torch.randn(b, h, q, k), torch.rand(b, h, q, k),
+                                                    torch.randn(b, h, q, 1)])
+    (total,) = [k for k in kernels if k.kind == "reduction"]
+    assert total.outer and total.chunk_lanes == k, total.source
+    (row_load,) = _statistics_loads(total.source)
+    assert "xchunk" in row_load and "xcmask & rmask" in row_load, total.source
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 5, 64), (2, 3, 7, 96)], ids=str)
+def test_position_bias_gradient_matches_float64(prologues, shape):
+    b, h, q, k = shape
+    args = [torch.randn(*shape, device=DEVICE), torch.rand(*shape, device=DEVICE), torch.randn(b, h, q, 1, device=DEVICE)]
+    compiled = torch.compile(position_bias_grad, backend="torchfuse", options={"target": "triton", "strict": True})
+    assert_close(compiled(*args), position_bias_grad(*args), reference=position_bias_grad(*(a.double() for a in args)))
+    assert prologues == [k]
+
+
 def test_reductions_without_chunk_reads_are_unchanged():
     """A plain column sum's split stage and a per-channel statistic name no chunk."""
     kernels = rendered_kernels(lambda x, w: ((x * w).sum(0), x.sum(0)), [torch.randn(8192, 768), torch.randn(768)])
@@ -76,6 +103,15 @@ def test_aligned_launch_keeps_the_tile():
     assert short.constexprs == (32, 16)  # RBLOCK covers the 12 rows, no more
 
 
+@pytest.fixture
+def prologues(monkeypatch) -> list[int]:
+    """The chunk sizes of the kernels rendered with chunk names, as they render."""
+    found: list[int] = []
+    real_prologue = chunks.RowChunks.prologue
+    monkeypatch.setattr(chunks.RowChunks, "prologue", lambda self, *a: found.append(self.lanes) or real_prologue(self, *a))
+    return found
+
+
 def _straddling(config, chunk_lanes, xnumel, rnumel, persistent):
     """A launch rule that puts 64 lanes in a program whatever the chunk."""
     return replace(config, grid=cdiv(xnumel, 64), constexprs=(64, config.constexprs[1]))
@@ -95,14 +131,10 @@ def _check_against_float64(args: list[torch.Tensor]) -> None:
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["one_chunk_a_program", "straddling"])
 @pytest.mark.parametrize("tokens,channels", [(300, 96), (97, 64)])
-def test_layer_norm_weight_gradients_match_float64(monkeypatch, aligned, tokens, channels):
+def test_layer_norm_weight_gradients_match_float64(monkeypatch, prologues, aligned, tokens, channels):
     monkeypatch.setattr(split, "POLICY", SMALL)
     if not aligned:
         monkeypatch.setattr(launch_configs, "align_to_chunks", _straddling)
-    prologues = []
-    real_prologue = chunks.RowChunks.prologue
-    monkeypatch.setattr(chunks.RowChunks, "prologue",
-                        lambda self, *a: prologues.append(self.lanes) or real_prologue(self, *a))
     _check_against_float64(_inputs(tokens, channels, device=DEVICE))
     assert channels in prologues, torchfuse.report()
 
