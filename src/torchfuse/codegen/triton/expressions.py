@@ -68,6 +68,9 @@ class ExpressionWriter(CseWriter):
         # Memory loads that vary along both the rows and the reduced axis: each holds a whole
         # tile in registers (launch.py sizes heavy reductions' tiles by them).
         self.tile_loads = 0
+        # Memory loads in this scope that vary along the rows only are loaded as whole tiles
+        # (kernel.py: a persistent outer reduction's reduced values, TILE_SHAPED_ROW_LOADS).
+        self.row_tile_scope: Scope | None = None
         # Rewrites a direct index (simplified, in xindex/rindex) before it is printed: an outer
         # reduction names its rows' chunk and lane (kernel.py); identity otherwise.
         self.rewrite_index: Callable[[sympy.Expr], sympy.Expr] = lambda index: index
@@ -217,6 +220,8 @@ class ExpressionWriter(CseWriter):
         if guard is not None:  # the guard's lanes are the mask's too
             loop_vars |= {_loop_key(s) for s in index_symbols(guard) if _is_block_symbol(s)}
         offset = " + ".join([self.index_text(direct)] + offset_terms)
+        if loop_vars == {"x"} and scope is self.row_tile_scope:
+            offset, loop_vars = f"{offset} + 0 * rindex", {"x", "r"}
         mask = self.mask_for(loop_vars)
         if guard is not None:
             mask = f"{mask} & {self.tensor(guard, scope)}" if mask else f", {self.tensor(guard, scope)}"
