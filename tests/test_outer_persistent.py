@@ -1,6 +1,7 @@
-"""A persistent outer reduction loads the values it reduces that vary along the rows only as
-whole tiles (codegen/triton/kernel.py, TILE_SHAPED_ROW_LOADS), while its epilogue keeps rows:
-checked on the rendered source and for results through Triton's interpreter."""
+"""A persistent outer reduction whose epilogue loads rows loads the values it reduces that vary
+along the rows only as whole tiles (codegen/triton/kernel.py, TILE_SHAPED_ROW_LOADS), while its
+epilogue keeps rows: checked on the rendered source and for results through Triton's
+interpreter."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +31,14 @@ def test_row_values_of_the_sum_load_as_tiles_and_the_epilogue_keeps_rows():
     loads = [line.split(" = ", 1)[1] for line in fused.source.splitlines() if f"tl.load({bias} " in line]
     assert loads == [f"tl.load({bias} + (xindex + 0 * rindex), xmask & rmask, other=0)",
                      f"tl.load({bias} + (xindex), xmask, other=0)"], fused.source
+
+
+def test_without_an_epilogue_that_loads_rows_stay_rows():
+    """A pool over a per-channel scale has nothing for Triton to convert its tiles to: its
+    scale stays a row (a tile would only add live registers)."""
+    kernels = rendered_kernels(lambda x, scale: (x * scale).sum(0), [torch.randn(16, 4096), torch.randn(4096)])
+    (pool,) = [k for k in kernels if k.kind == "reduction"]
+    assert pool.outer and pool.persistent and "0 * rindex" not in pool.source, pool.source
 
 
 def test_the_rule_can_be_turned_off(monkeypatch):

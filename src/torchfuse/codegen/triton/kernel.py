@@ -69,13 +69,15 @@ SPECIAL_STEP_MIN_OPS = 8
 # TRANSCENDENTAL_STEP, one with divisions and square roots alone a SPECIAL_STEP.
 TRANSCENDENTAL_OPS = frozenset({"exp", "exp2", "sigmoid", "tanh", "log", "log2", "sin", "cos"})
 PLAIN_STEP, SPECIAL_STEP, TRANSCENDENTAL_STEP = 0, 1, 2
-# A persistent outer reduction loads the values it reduces that vary along the rows only (T5's
-# position bias, read across the batch it sums) as whole tiles, ``ptr + xindex + 0 * rindex``:
-# loaded as ``[1, XBLOCK]`` rows they took the layout of the kernel's ``[1, XBLOCK]`` epilogue,
-# and Triton converted the reduced tiles to it through shared memory, computing the exp and the
-# division in both layouts (sm_90 SASS on this CPU, T5's position-bias gradient: 41.8 -> 32.2
-# instructions and 2.0 -> 1.1 MUFU an element; unmeasured on a GPU). Looped kernels hoist such
-# loads before their loop, where Triton gives them the tile's layout.
+# A persistent outer reduction whose epilogue loads rows from memory loads the values it reduces
+# that vary along the rows only (T5's position bias, read across the batch it sums) as whole
+# tiles, ``ptr + xindex + 0 * rindex``: loaded as ``[1, XBLOCK]`` rows they took the layout of
+# the epilogue's loads, and Triton converted the reduced tiles to it through shared memory,
+# computing the exp and the division in both layouts (sm_90 SASS on this CPU, T5's position-bias
+# gradient: 41.8 -> 32.2 instructions and 2.0 -> 1.1 MUFU an element; unmeasured on a GPU).
+# Without such an epilogue there was no conversion to remove (a squeeze-excite pool over 7 x 7
+# rows: 35.7 -> 36.6 instructions, and a smaller tile from the extra live tiles), and looped
+# kernels hoist such loads before their loop, where Triton gives them the tile's layout.
 TILE_SHAPED_ROW_LOADS = True
 # The program id a kernel starts from: int64 when its indices may pass 2**31 (``_needs_int64``).
 PROGRAM_ID, PROGRAM_ID_64 = "tl.program_id(0)", "tl.program_id(0).to(tl.int64)"
@@ -310,7 +312,7 @@ class KernelRenderer:
         if self.persistent:
             # The reduced values in a scope of their own: a row value the epilogue computes
             # again stays a row there (expressions.row_tile_scope).
-            tiles = Scope(top.lines, top.indent, parent=top) if self.outer and TILE_SHAPED_ROW_LOADS else top
+            tiles = Scope(top.lines, top.indent, parent=top) if self._row_loads_in_epilogue() else top
             self.writer.row_tile_scope = tiles if tiles is not top else None
             for member in members:
                 if member.role == "reduction":
@@ -331,6 +333,14 @@ class KernelRenderer:
             loop = self._open_r_loop(top)
             for member in full:
                 self._store_member(member, loop)
+
+    def _row_loads_in_epilogue(self) -> bool:
+        """Whether this outer kernel's row values (its epilogue) load memory, so that its reduced
+        values' row loads are better tiles (TILE_SHAPED_ROW_LOADS)."""
+        if not (self.outer and TILE_SHAPED_ROW_LOADS):
+            return False
+        rows = [m for m in self.kernel.members if m.role == "row"]
+        return any(self._is_kernel_input(load.buffer) for m in rows for load in loads(m.body))
 
     def _store_member(self, member: KernelMember, scope: Scope) -> None:
         mask = "xmask & rmask" if member.role == "full" else "xmask"
