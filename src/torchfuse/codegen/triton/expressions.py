@@ -21,8 +21,8 @@ from torchfuse.ir.symbols import is_float_size, simplify_index, size_symbols
 # anything else in an index (sizes, a tile's per-program zindex) is a scalar.
 TENSOR_INDEX_PREFIXES = ("x", "r", "y")
 # Block symbols whose mask is not their first letter's: an outer reduction's chunk of rows
-# (``xchunk``, kernel.py's lane-uniform split index) has a mask of its own, ``[1, 1]`` where
-# every lane of a program is in one chunk.
+# (``xchunk``, chunks.py) has a mask of its own, ``[1, 1]`` where every lane of a program is
+# in one chunk.
 LOOP_KEYS = {"xchunk": "c"}
 
 
