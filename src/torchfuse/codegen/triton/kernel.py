@@ -312,8 +312,9 @@ class KernelRenderer:
         if self.persistent:
             # The reduced values in a scope of their own: a row value the epilogue computes
             # again stays a row there (expressions.row_tile_scope).
-            tiles = Scope(top.lines, top.indent, parent=top) if self._row_loads_in_epilogue() else top
-            self.writer.row_tile_scope = tiles if tiles is not top else None
+            tiles = top
+            if self._row_loads_in_epilogue():
+                tiles = self.writer.row_tile_scope = Scope(top.lines, top.indent, parent=top)
             for member in members:
                 if member.role == "reduction":
                     self._reduce_persistent(member, tiles)
