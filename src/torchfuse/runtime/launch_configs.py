@@ -106,8 +106,9 @@ SPECIAL_STEP_TILE = (16, 64)  # (XBLOCK, RBLOCK)
 # ninth session), four of MobileNetV3 training's batch-norm + hard-swish backward sums (4 live
 # tiles): [128 x 8] with 2 warps and 3 stages against the default [128 x 16] with 8 warps and a
 # plain loop, 58.0 -> 40.2 us (97 MB), 43.9 -> 37.2 (102 MB), 36.1 -> 27.9 (68 MB), 35.4 ->
-# 28.0 (73 MB): each within 3% of the best of 120 configs. With 3 stages the loads of two later steps are in flight while one computes,
-# so a smaller tile and fewer warps keep as many bytes moving.
+# 28.0 (73 MB): each within 3% of the best of 120 configs. With 3 stages the loads of two later
+# steps are in flight while one computes, so a smaller tile and fewer warps keep as many bytes
+# moving.
 LIGHT_OUTER_PIPELINE: tuple[int, int] | None = (2, 3)
 SMALL_KERNEL = 1 << 16  # elements
 # 2-D tiled pointwise kernels (codegen/triton/tiles2d.py): tiles of up to 64 x 64, each side

@@ -123,7 +123,7 @@ def compile_ahead(kernels: dict[str, Any], fns: dict[str, Any], predictions: dic
 def default_config(kernel: Any, launch: PredictedLaunch) -> Config:
     """The config ``launch.Launcher`` uses for this launch when nothing is tuned."""
     return launch_config(kernel.kind, kernel.persistent, kernel.outer, kernel.tile, launch.xnumel, launch.rnumel,
-                         getattr(kernel, "live_tiles", 0), getattr(kernel, "special_step", False),
+                         getattr(kernel, "live_tiles", 0), getattr(kernel, "special_step", 0),
                          getattr(kernel, "chunk_lanes", 0))
 
 
